@@ -1,0 +1,7 @@
+"""jaxtile: exact, memory-efficient attention (FlashAttention V1 and V2) for JAX."""
+
+from jaxtile.api import IMPLEMENTATIONS, flash_attention
+from jaxtile.mask import MaskSpec
+
+__all__ = ["IMPLEMENTATIONS", "MaskSpec", "flash_attention"]
+__version__ = "0.1.0"

@@ -1,0 +1,204 @@
+"""Validation and canonicalisation of ``flash_attention``'s arguments.
+
+Everything here runs on shapes, dtypes and Python values only, so bad input fails with a
+message that names the offending values before any device work, under ``jit`` too.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxtile._core import Config, Inputs
+from jaxtile._softmax import Logits
+from jaxtile.mask import MaskSpec
+
+FLOAT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
+def _is_traced(x: Any) -> bool:
+    return isinstance(x, jax.core.Tracer)
+
+
+_KINDS = {"bool": (bool, np.bool_), "int": numbers.Integral, "float": numbers.Real}
+
+
+def check_static(name: str, value: Any, what: str) -> None:
+    """Static options must be Python (or NumPy) scalars of the right kind, never traced."""
+    if _is_traced(value):
+        raise TypeError(f"{name} must be a static Python {what}, not a traced value (mark it static under jit)")
+    is_bool = isinstance(value, (bool, np.bool_))
+    if not isinstance(value, _KINDS[what]) or (is_bool and what != "bool"):
+        raise TypeError(f"{name} must be a Python {what}; got {value!r} of type {type(value).__name__}")
+
+
+def _array(name: str, x: Any) -> Any:
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        raise TypeError(f"{name} must be an array; got {type(x).__name__}")
+    return x
+
+
+def _check_qkv(query, key, value) -> None:
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        _array(name, x)
+        if jnp.dtype(x.dtype) not in FLOAT_DTYPES:
+            raise TypeError(f"{name}.dtype={jnp.dtype(x.dtype)} is not supported; use float32, bfloat16 or float16")
+    if not query.dtype == key.dtype == value.dtype:
+        raise TypeError(f"query, key and value must share a dtype; got {query.dtype=}, {key.dtype=}, {value.dtype=}")
+    if query.ndim < 3:
+        raise ValueError(f"query must be [batch..., q_len, num_heads, head_dim]; got {query.shape=}")
+    if not query.ndim == key.ndim == value.ndim:
+        raise ValueError(
+            f"query, key and value must have the same rank; got {query.shape=}, {key.shape=}, {value.shape=}"
+        )
+    if not query.shape[:-3] == key.shape[:-3] == value.shape[:-3]:
+        raise ValueError(
+            f"batch dimensions differ: query {query.shape[:-3]}, key {key.shape[:-3]}, value {value.shape[:-3]}"
+        )
+    if query.shape[-1] != key.shape[-1]:
+        raise ValueError(f"head_dim of query and key differ: {query.shape=}, {key.shape=}")
+    if key.shape[-3] != value.shape[-3]:
+        raise ValueError(f"key and value have different kv_len: {key.shape=}, {value.shape=}")
+    if key.shape[-2] != value.shape[-2]:
+        raise ValueError(f"key and value have different num_kv_heads: {key.shape=}, {value.shape=}")
+    if 0 in query.shape[-3:] or 0 in key.shape[-3:] or 0 in value.shape[-3:]:
+        raise ValueError(
+            f"lengths, heads and head dims must be positive; got {query.shape=}, {key.shape=}, {value.shape=}"
+        )
+    num_heads, num_kv_heads = query.shape[-2], key.shape[-2]
+    if num_heads % num_kv_heads:
+        raise ValueError(f"{num_heads=} is not a multiple of {num_kv_heads=}")
+
+
+def _check_window(window) -> tuple[int | None, int | None] | None:
+    if window is None:
+        return None
+    sides = (window, window) if isinstance(window, numbers.Integral) and not isinstance(window, bool) else window
+    if not (isinstance(sides, Sequence) and len(sides) == 2):
+        raise TypeError(f"window must be an int, a (left, right) pair or None; got {window!r}")
+    for side in sides:
+        if side is not None:
+            check_static("window", side, "int")
+            if side < 0:
+                raise ValueError(f"window sides must be non-negative; got {window=}")
+    return tuple(None if side is None else int(side) for side in sides)
+
+
+def _check_segment_ids(segment_ids, batch: tuple[int, ...], q_len: int, kv_len: int):
+    if segment_ids is None:
+        return None, None
+    if isinstance(segment_ids, (tuple, list)):
+        if len(segment_ids) != 2:
+            raise ValueError(f"segment_ids must be one array or a (q_ids, kv_ids) pair; got {len(segment_ids)} items")
+        q_ids, kv_ids = segment_ids
+    else:
+        if q_len != kv_len:
+            raise ValueError(
+                f"a single segment_ids array needs q_len == kv_len (got {q_len=}, {kv_len=}); "
+                "pass (q_segment_ids, kv_segment_ids)"
+            )
+        q_ids = kv_ids = segment_ids
+    for name, ids, n in (("query segment_ids", q_ids, q_len), ("key segment_ids", kv_ids, kv_len)):
+        _array(name, ids)
+        if not jnp.issubdtype(ids.dtype, jnp.integer):
+            raise TypeError(f"{name} must have an integer dtype; got {ids.dtype}")
+        if tuple(ids.shape) != (*batch, n):
+            raise ValueError(f"{name} must have shape {(*batch, n)} ([batch..., len]); got {tuple(ids.shape)}")
+    batch_size = math.prod(batch)
+    return (
+        jnp.reshape(q_ids, (batch_size, q_len)).astype(jnp.int32),
+        jnp.reshape(kv_ids, (batch_size, kv_len)).astype(jnp.int32),
+    )
+
+
+def _check_mask(mask, batch: tuple[int, ...], num_heads: int, q_len: int, kv_len: int):
+    if mask is None:
+        return None
+    _array("mask", mask)
+    if mask.dtype != jnp.bool_:
+        raise TypeError(f"mask must be boolean (True = attend); got {mask.dtype}")
+    full = (*batch, num_heads, q_len, kv_len)
+    if mask.ndim > len(full) or any(m not in (1, f) for m, f in zip(mask.shape[::-1], full[::-1])):
+        raise ValueError(
+            f"mask of shape {tuple(mask.shape)} does not broadcast to [batch..., heads, q_len, kv_len] = {full}"
+        )
+    mask = jnp.reshape(mask, (1,) * (len(full) - mask.ndim) + tuple(mask.shape))
+    lead = mask.shape[: len(batch)]
+    if any(d != 1 for d in lead):
+        mask = jnp.broadcast_to(mask, (*batch, *mask.shape[len(batch) :]))
+    batch_size = math.prod(batch) if any(d != 1 for d in lead) else 1
+    return jnp.reshape(mask, (batch_size, *mask.shape[len(batch) :]))
+
+
+def _check_float(name: str, value, *, positive: bool) -> float | None:
+    if value is None:
+        return None
+    check_static(name, value, "float")
+    value = float(value)
+    if not math.isfinite(value) or (positive and value <= 0):
+        raise ValueError(f"{name} must be a finite{' positive' if positive else ''} float; got {name}={value}")
+    return value
+
+
+def check_block(name: str, block, *, power_of_two: bool) -> None:
+    """Blocks are positive ints; Pallas kernels also need powers of two >= 16."""
+    if block is None:
+        return
+    check_static(name, block, "int")
+    if block <= 0:
+        raise ValueError(f"{name}={block} must be positive")
+    if power_of_two and (block < 16 or block & (block - 1)):
+        raise ValueError(f"{name}={block} must be a power of two >= 16 for the Pallas kernels")
+
+
+def canonicalize(
+    query,
+    key,
+    value,
+    *,
+    causal: bool,
+    window,
+    segment_ids,
+    mask,
+    logits_soft_cap,
+    scale,
+    block_q,
+    block_k,
+    platform: str,
+) -> tuple[Inputs, Config, tuple[int, ...]]:
+    """Validates the public arguments; returns canonical inputs, config and batch shape."""
+    _check_qkv(query, key, value)
+    check_static("causal", causal, "bool")
+    window = _check_window(window)
+    batch = tuple(query.shape[:-3])
+    q_len, num_heads, head_dim = query.shape[-3:]
+    kv_len, num_kv_heads = key.shape[-3], key.shape[-2]
+    q_ids, kv_ids = _check_segment_ids(segment_ids, batch, q_len, kv_len)
+    dense = _check_mask(mask, batch, num_heads, q_len, kv_len)
+    soft_cap = _check_float("logits_soft_cap", logits_soft_cap, positive=True)
+    scale = _check_float("scale", scale, positive=False)
+    spec = MaskSpec.create(
+        q_len,
+        kv_len,
+        causal=bool(causal),
+        window=window,
+        has_segments=q_ids is not None,
+        has_dense_mask=dense is not None,
+    )
+    logits = Logits(1.0 / math.sqrt(head_dim) if scale is None else scale, soft_cap)
+    batch_size = math.prod(batch)
+    inputs = Inputs(
+        jnp.reshape(query, (batch_size, q_len, num_heads, head_dim)),
+        jnp.reshape(key, (batch_size, kv_len, num_kv_heads, head_dim)),
+        jnp.reshape(value, (batch_size, kv_len, num_kv_heads, value.shape[-1])),
+        q_ids,
+        kv_ids,
+        dense,
+    )
+    return inputs, Config(spec, logits, block_q, block_k, platform), batch

@@ -1,0 +1,158 @@
+"""Tiled, head-major views of the canonical arrays, for the ``jax.lax`` implementations.
+
+The lax loops process every batch element and head of a tile at once, so tiles are
+``[batch, num_kv_heads, group, rows, dim]`` slices (``group = num_heads //
+num_kv_heads``: the query heads that share one kv head). Sequences are zero-padded to a
+whole number of tiles; the mask description hides the padding.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jaxtile._core import Config, Inputs
+from jaxtile.mask import MaskSpec
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclasses.dataclass(frozen=True)
+class Tiling:
+    """Tile sizes and counts of one call."""
+
+    block_q: int
+    block_k: int
+    q_len: int
+    kv_len: int
+
+    @classmethod
+    def create(cls, config: Config, default_block: int) -> Tiling:
+        """Tiles from the config (or ``default_block``), never longer than the sequence."""
+        spec = config.mask
+        block_q = min(config.block_q or default_block, spec.q_len)
+        block_k = min(config.block_k or default_block, spec.kv_len)
+        return cls(block_q, block_k, spec.q_len, spec.kv_len)
+
+    @property
+    def num_q_tiles(self) -> int:
+        return _cdiv(self.q_len, self.block_q)
+
+    @property
+    def num_kv_tiles(self) -> int:
+        return _cdiv(self.kv_len, self.block_k)
+
+    @property
+    def q_padded(self) -> int:
+        return self.num_q_tiles * self.block_q
+
+    @property
+    def kv_padded(self) -> int:
+        return self.num_kv_tiles * self.block_k
+
+
+class Tiled(NamedTuple):
+    """Head-major, padded arrays.
+
+    q: ``[batch, kv_heads, group, q_padded, head_dim]``
+    k: ``[batch, kv_heads, kv_padded, head_dim]``; v likewise with ``head_dim_v``.
+    q_segment_ids / kv_segment_ids: ``[batch, q_padded]`` / ``[batch, kv_padded]``.
+    mask: ``[1|batch, 1|kv_heads, 1|group, 1|q_padded, 1|kv_padded]``.
+    """
+
+    q: jax.Array
+    k: jax.Array
+    v: jax.Array
+    q_segment_ids: jax.Array | None
+    kv_segment_ids: jax.Array | None
+    mask: jax.Array | None
+
+
+def _pad_axis(x, axis: int, size: int, value=0):
+    pad = [(0, 0)] * x.ndim
+    pad[axis] = (0, size - x.shape[axis])
+    return jnp.pad(x, pad, constant_values=value)
+
+
+def q_heads_first(x, num_kv_heads: int, padded: int, value=0):
+    """``[batch, len, heads, ...]`` -> ``[batch, kv_heads, group, padded, ...]``."""
+    b, n, h, *rest = x.shape
+    x = x.reshape(b, n, num_kv_heads, h // num_kv_heads, *rest)
+    return _pad_axis(jnp.moveaxis(x, 1, 3), 3, padded, value)
+
+
+def q_seq_last(x, num_kv_heads: int, padded: int, value=0):
+    """``[batch, heads, len]`` -> ``[batch, kv_heads, group, padded]``."""
+    b, h, n = x.shape
+    return _pad_axis(x.reshape(b, num_kv_heads, h // num_kv_heads, n), 3, padded, value)
+
+
+def q_heads_last(x, q_len: int):
+    """Inverse of `q_heads_first`: ``[batch, kv_heads, group, padded, ...]`` ->
+    ``[batch, q_len, heads, ...]``."""
+    b, hk, g, _, *rest = x.shape
+    return jnp.moveaxis(x[:, :, :, :q_len], 3, 1).reshape(b, q_len, hk * g, *rest)
+
+
+def kv_heads_first(x, padded: int):
+    """``[batch, len, kv_heads, dim]`` -> ``[batch, kv_heads, padded, dim]``."""
+    return _pad_axis(jnp.moveaxis(x, 1, 2), 2, padded)
+
+
+def tile(inputs: Inputs, tiling: Tiling) -> Tiled:
+    """Pads the canonical inputs to whole tiles and puts heads before sequence."""
+    num_kv_heads = inputs.k.shape[2]
+    group = inputs.q.shape[2] // num_kv_heads
+
+    def seg(ids, padded):
+        return None if ids is None else _pad_axis(ids, 1, padded)
+
+    mask = inputs.mask
+    if mask is not None:
+        b, h, n_q, n_kv = mask.shape
+        mask = mask.reshape(b, 1, 1, n_q, n_kv) if h == 1 else mask.reshape(b, num_kv_heads, group, n_q, n_kv)
+        if n_q > 1:
+            mask = _pad_axis(mask, 3, tiling.q_padded, False)
+        if n_kv > 1:
+            mask = _pad_axis(mask, 4, tiling.kv_padded, False)
+    return Tiled(
+        q_heads_first(inputs.q, num_kv_heads, tiling.q_padded),
+        kv_heads_first(inputs.k, tiling.kv_padded),
+        kv_heads_first(inputs.v, tiling.kv_padded),
+        seg(inputs.q_segment_ids, tiling.q_padded),
+        seg(inputs.kv_segment_ids, tiling.kv_padded),
+        mask,
+    )
+
+
+def rows(x, index, block: int, axis: int):
+    """Tile ``index`` of ``x`` along ``axis``: ``x[..., index*block : (index+1)*block, ...]``."""
+    return lax.dynamic_slice_in_dim(x, index * block, block, axis)
+
+
+def visible(spec: MaskSpec, x: Tiled, tiling: Tiling, q_tile, kv_tile):
+    """Element-wise mask of one tile pair, ``[1|batch, 1|kv_heads, 1|group, block_q, block_k]``."""
+    bq, bk = tiling.block_q, tiling.block_k
+    q_seg = kv_seg = dense = None
+    if spec.has_segments:
+        q_seg = rows(x.q_segment_ids, q_tile, bq, 1)[:, None, None, :, None]
+        kv_seg = rows(x.kv_segment_ids, kv_tile, bk, 1)[:, None, None, None, :]
+    if spec.has_dense_mask:
+        dense = x.mask
+        if dense.shape[3] > 1:
+            dense = rows(dense, q_tile, bq, 3)
+        if dense.shape[4] > 1:
+            dense = rows(dense, kv_tile, bk, 4)
+    return spec.visible(
+        q_tile * bq + jnp.arange(bq)[:, None],
+        kv_tile * bk + jnp.arange(bk)[None, :],
+        q_segment=q_seg,
+        kv_segment=kv_seg,
+        dense=dense,
+    )

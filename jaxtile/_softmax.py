@@ -1,0 +1,110 @@
+"""Softmax arithmetic on one tile of scores, shared by every tiled implementation.
+
+Scores live in base 2 (``exp2`` with the scale folded in, as the Triton kernels do):
+the natural logits are ``s = q·k * scale`` (or ``cap * tanh(q·k * scale / cap)`` with a
+soft cap), and we work with ``s2 = s * log2(e) = factor * pre(q·k)``. ``factor`` is kept
+positive so that a row maximum of ``pre`` is a row maximum of ``s2``, and the scale
+multiplies into the subtraction of the running max as one fused multiply-add.
+
+Rows where no key is visible keep ``m_i = -inf`` and ``l_i = 0``; they produce an output
+of 0 and an lse of ``-inf``, and the backward pass turns that lse into ``+inf`` so their
+probabilities are exactly 0. No NaN is ever formed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax.numpy as jnp
+
+LOG2E = math.log2(math.e)
+LN2 = math.log(2.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Logits:
+    """How a raw score ``q·k`` becomes a base-2 logit: ``s2 = factor * pre(q·k)``."""
+
+    scale: float
+    soft_cap: float | None = None
+
+    @property
+    def _plain(self) -> bool:
+        return self.soft_cap is None and self.scale > 0
+
+    @property
+    def factor(self) -> float:
+        return self.scale * LOG2E if self._plain else LOG2E
+
+    def pre(self, qk):
+        """The part of the logit that is not a positive constant factor."""
+        if self._plain:
+            return qk
+        if self.soft_cap is None:
+            return qk * self.scale
+        return self.soft_cap * jnp.tanh(qk * (self.scale / self.soft_cap))
+
+    def grad(self, ds, pre):
+        """Chain rule from dL/ds (natural logits) back to dL/d(q·k), given ``pre``."""
+        if self.soft_cap is None:
+            return ds * self.scale
+        return ds * (self.scale * (1.0 - jnp.square(pre / self.soft_cap)))
+
+
+def online_softmax(pre, m_prev, l_prev, logits: Logits, visible=None):
+    """One step of the online softmax (FlashAttention-2, Algorithm 1, lines 8-10).
+
+    Args:
+      pre: ``[..., rows, cols]`` float32, ``logits.pre`` of one tile of scores.
+      m_prev, l_prev: ``[..., rows]`` running max (base 2) and running sum.
+      visible: optional bool ``[..., rows, cols]``; masked scores are dropped.
+    Returns:
+      ``(p, alpha, m_new, l_new)``: unnormalised probabilities ``exp2(s2 - m_new)``,
+      the factor ``exp2(m_prev - m_new)`` that rescales the old accumulator, and the
+      updated statistics.
+    """
+    if visible is not None:
+        pre = jnp.where(visible, pre, -jnp.inf)
+    m_new = jnp.maximum(m_prev, jnp.max(pre, axis=-1) * logits.factor)
+    m_base = jnp.where(m_new == -jnp.inf, 0.0, m_new)
+    p = jnp.exp2(pre * logits.factor - m_base[..., None])
+    alpha = jnp.exp2(m_prev - m_base)
+    l_new = alpha * l_prev + jnp.sum(p, axis=-1)
+    return p, alpha, m_new, l_new
+
+
+def finalize(acc, m, l):
+    """Deferred normalisation (Algorithm 1, lines 12-13): ``out = acc / l``, lse.
+
+    ``acc`` is ``[..., rows, head_dim_v]``; ``m``, ``l`` are ``[..., rows]``. Returns the
+    float32 output and the natural-log lse, 0 and ``-inf`` on rows with no visible key.
+    """
+    empty = l == 0.0
+    out = acc / jnp.where(empty, 1.0, l)[..., None]
+    lse = jnp.where(empty, -jnp.inf, (m + jnp.log2(jnp.where(empty, 1.0, l))) * LN2)
+    return out, lse
+
+
+def lse_base2(lse):
+    """The lse as the backward pass consumes it: base 2, ``+inf`` on empty rows."""
+    return jnp.where(lse == -jnp.inf, jnp.inf, lse * LOG2E)
+
+
+def probabilities(pre, lse2, logits: Logits, visible=None):
+    """Recomputed probabilities ``P = exp2(s2 - lse2)`` (Algorithm 2, line 11).
+
+    ``pre`` is ``[..., rows, cols]``; ``lse2`` is ``[..., rows]`` from `lse_base2`.
+    """
+    p = jnp.exp2(pre * logits.factor - lse2[..., None])
+    if visible is not None:
+        p = jnp.where(visible, p, 0.0)
+    return p
+
+
+def score_grad(p, dp, delta, pre, logits: Logits):
+    """``dS = P * (dP - D)`` (Algorithm 2, line 14) taken back to dL/d(q·k).
+
+    ``delta`` is ``D = rowsum(dO * O)`` minus the lse cotangent, ``[..., rows]``.
+    """
+    return logits.grad(p * (dp - delta[..., None]), pre)

@@ -1,0 +1,55 @@
+"""``implementation="reference"``: materialised ``softmax(QKᵀ)V`` in float32.
+
+The in-JAX oracle. It builds the full ``[batch, heads, q_len, kv_len]`` score matrix,
+so it needs O(N²) memory; gradients come from JAX's own autodiff. It shares only the
+mask description with the tiled implementations, none of their arithmetic.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jaxtile._core import Config, Inputs
+
+
+def attention(inputs: Inputs, config: Config) -> tuple[jax.Array, jax.Array]:
+    """Returns ``(out [batch, q_len, heads, head_dim_v], lse [batch, heads, q_len])``."""
+    q, k, v = (x.astype(jnp.float32) for x in inputs[:3])
+    batch, q_len, num_heads, head_dim = q.shape
+    num_kv_heads = k.shape[2]
+    group = num_heads // num_kv_heads
+    q = q.reshape(batch, q_len, num_kv_heads, group, head_dim)
+
+    logits = config.logits
+    s = jnp.einsum("bqhgd,bkhd->bhgqk", q, k, precision="highest") * logits.scale
+    if logits.soft_cap is not None:
+        s = logits.soft_cap * jnp.tanh(s / logits.soft_cap)
+
+    spec = config.mask
+    visible = spec.visible(
+        jnp.arange(spec.q_len)[:, None],
+        jnp.arange(spec.kv_len)[None, :],
+        q_segment=None if inputs.q_segment_ids is None else inputs.q_segment_ids[:, None, None, :, None],
+        kv_segment=None if inputs.kv_segment_ids is None else inputs.kv_segment_ids[:, None, None, None, :],
+        dense=_dense(inputs.mask, num_kv_heads, group),
+    )
+    s = jnp.where(visible, s, -jnp.inf)
+    m = jnp.max(s, axis=-1, keepdims=True)
+    p = jnp.exp(s - jnp.where(m == -jnp.inf, 0.0, m))
+    l = jnp.sum(p, axis=-1, keepdims=True)
+    empty = l == 0.0
+    out = jnp.einsum("bhgqk,bkhd->bqhgd", p / jnp.where(empty, 1.0, l), v, precision="highest")
+    lse = jnp.where(empty, -jnp.inf, m + jnp.log(jnp.where(empty, 1.0, l)))[..., 0]
+    out = out.reshape(batch, q_len, num_heads, v.shape[-1]).astype(inputs.q.dtype)
+    return out, lse.reshape(batch, num_heads, q_len)
+
+
+def _dense(mask, num_kv_heads, group):
+    """The dense mask ``[b, heads, q, k]`` shaped to broadcast against ``[b, h, g, q, k]``."""
+    if mask is None:
+        return None
+    b, h, q, k = mask.shape
+    if h == 1:
+        return mask[:, :, None]
+    return mask.reshape(b, num_kv_heads, group, q, k)

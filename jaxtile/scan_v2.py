@@ -1,0 +1,129 @@
+"""``implementation="scan_v2"``: FlashAttention-2 as ``jax.lax`` loops over tiles.
+
+Dao (2023), "FlashAttention-2: Faster Attention with Better Parallelism and Work
+Partitioning", Algorithms 1 (forward) and 2 (backward). Query tiles form the outer loop
+and key/value tiles the inner one, over only the tiles the mask description allows.
+Every batch element and head of a tile is processed at once (``[batch, kv_heads, group,
+rows, dim]`` tiles), and grouped-query heads share their key/value tile without ever
+repeating it. Memory is O(N): the largest temporaries are one ``[block_q, block_k]``
+score tile per head and the O(N) outputs.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax.numpy as jnp
+from jax import lax
+
+from jaxtile import _lax_tiles as lt
+from jaxtile import _softmax as sm
+from jaxtile._core import Config, Inputs, differentiable
+
+DEFAULT_BLOCK = 128
+
+
+def _forward(inputs: Inputs, config: Config):
+    """Algorithm 1. Returns ``out [b, q, h, dv]``, ``lse [b, h, q]`` and lse again as
+    the statistic the backward pass needs."""
+    spec, logits = config.mask, config.logits
+    tiling = lt.Tiling.create(config, DEFAULT_BLOCK)
+    x = lt.tile(inputs, tiling)
+    batch, kv_heads, group, _, _ = x.q.shape
+    head_dim_v = x.v.shape[-1]
+
+    def kv_step(masked, t, q_i, u, carry):
+        # Lines 6-10: S_ij = Q_i K_jᵀ, online softmax, O_i = diag(α) O_i + P_ij V_j.
+        acc, m_i, l_i = carry
+        k_j = lt.rows(x.k, u, tiling.block_k, 2)
+        v_j = lt.rows(x.v, u, tiling.block_k, 2)
+        qk = jnp.einsum("bhgqd,bhkd->bhgqk", q_i, k_j, preferred_element_type=jnp.float32)
+        pre = logits.pre(qk)
+        vis = lt.visible(spec, x, tiling, t, u) if masked else None
+        p, alpha, m_i, l_i = sm.online_softmax(pre, m_i, l_i, logits, vis)
+        pv = jnp.einsum("bhgqk,bhkd->bhgqd", p.astype(v_j.dtype), v_j, preferred_element_type=jnp.float32)
+        return acc * alpha[..., None] + pv, m_i, l_i
+
+    def q_step(_, t):
+        # Lines 3-4: load Q_i, initialise O_i, l_i, m_i.
+        q_i = lt.rows(x.q, t, tiling.block_q, 3)
+        rows = (batch, kv_heads, group, tiling.block_q)
+        carry = (
+            jnp.zeros((*rows, head_dim_v), jnp.float32),
+            jnp.full(rows, -jnp.inf, jnp.float32),
+            jnp.zeros(rows, jnp.float32),
+        )
+        for span in spec.kv_spans(t, tiling.block_q, tiling.block_k):
+            body = functools.partial(kv_step, span.masked, t, q_i)
+            carry = lax.fori_loop(span.start, span.stop, body, carry)
+        # Lines 12-13: normalise once, at the end; lse = m + log l.
+        out, lse = sm.finalize(*carry)
+        return None, (out.astype(inputs.q.dtype), lse)
+
+    _, (out, lse) = lax.scan(q_step, None, jnp.arange(tiling.num_q_tiles))
+    # [q_tiles, b, h, g, block_q, ...] -> [b, h, g, q_padded, ...]
+    out = jnp.moveaxis(out, 0, 3).reshape(batch, kv_heads, group, tiling.q_padded, head_dim_v)
+    lse = jnp.moveaxis(lse, 0, 3).reshape(batch, kv_heads * group, tiling.q_padded)[..., : spec.q_len]
+    return lt.q_heads_last(out, spec.q_len), lse, lse
+
+
+def _backward(inputs: Inputs, out, lse, dout, dlse, config: Config):
+    """Algorithm 2: key/value tiles outer, query tiles inner, dQ accumulated in place.
+
+    Returns ``(dq, dk, dv)`` in the dtypes of ``q, k, v``; dK and dV are summed over the
+    query heads of each group inside the einsums.
+    """
+    spec, logits = config.mask, config.logits
+    tiling = lt.Tiling.create(config, DEFAULT_BLOCK)
+    bq, bk = tiling.block_q, tiling.block_k
+    x = lt.tile(inputs, tiling)
+    kv_heads = x.k.shape[1]
+    # Line 4: D = rowsum(dO ∘ O); the lse cotangent enters the same place.
+    delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
+    delta = lt.q_seq_last(jnp.swapaxes(delta, 1, 2) - dlse, kv_heads, tiling.q_padded)
+    lse2 = lt.q_seq_last(sm.lse_base2(lse), kv_heads, tiling.q_padded, jnp.inf)
+    do = lt.q_heads_first(dout, kv_heads, tiling.q_padded)
+
+    def q_step(masked, u, k_j, v_j, t, carry):
+        dq, dk_j, dv_j = carry
+        q_i = lt.rows(x.q, t, bq, 3)
+        do_i = lt.rows(do, t, bq, 3)
+        # Lines 10-11: recompute S_ij and P_ij = exp(S_ij - L_i).
+        qk = jnp.einsum("bhgqd,bhkd->bhgqk", q_i, k_j, preferred_element_type=jnp.float32)
+        pre = logits.pre(qk)
+        vis = lt.visible(spec, x, tiling, t, u) if masked else None
+        p = sm.probabilities(pre, lt.rows(lse2, t, bq, 3), logits, vis)
+        # Line 12: dV_j += P_ijᵀ dO_i (summed over the group's query heads).
+        dv_j += jnp.einsum("bhgqk,bhgqd->bhkd", p.astype(do.dtype), do_i, preferred_element_type=jnp.float32)
+        # Lines 13-14: dP_ij = dO_i V_jᵀ, dS_ij = P_ij ∘ (dP_ij - D_i).
+        dp = jnp.einsum("bhgqd,bhkd->bhgqk", do_i, v_j, preferred_element_type=jnp.float32)
+        ds = sm.score_grad(p, dp, lt.rows(delta, t, bq, 3), pre, logits)
+        # Line 15: dQ_i += dS_ij K_j, read and written back in place.
+        dq_i = lt.rows(dq, t, bq, 3) + jnp.einsum("bhgqk,bhkd->bhgqd", ds, k_j, preferred_element_type=jnp.float32)
+        dq = lax.dynamic_update_slice_in_dim(dq, dq_i, t * bq, 3)
+        # Line 16: dK_j += dS_ijᵀ Q_i.
+        dk_j += jnp.einsum("bhgqk,bhgqd->bhkd", ds, q_i, preferred_element_type=jnp.float32)
+        return dq, dk_j, dv_j
+
+    def kv_step(dq, u):
+        # Lines 6-7: load K_j, V_j; initialise dK_j, dV_j.
+        k_j = lt.rows(x.k, u, bk, 2)
+        v_j = lt.rows(x.v, u, bk, 2)
+        carry = (dq, jnp.zeros(k_j.shape, jnp.float32), jnp.zeros(v_j.shape, jnp.float32))
+        for span in spec.q_spans(u, bq, bk):
+            carry = lax.fori_loop(span.start, span.stop, functools.partial(q_step, span.masked, u, k_j, v_j), carry)
+        dq, dk_j, dv_j = carry
+        return dq, (dk_j, dv_j)
+
+    dq, (dk, dv) = lax.scan(kv_step, jnp.zeros(x.q.shape, jnp.float32), jnp.arange(tiling.num_kv_tiles))
+    dq = lt.q_heads_last(dq, spec.q_len).astype(inputs.q.dtype)
+    return dq, _kv_heads_last(dk, spec.kv_len, inputs.k.dtype), _kv_heads_last(dv, spec.kv_len, inputs.v.dtype)
+
+
+def _kv_heads_last(x, kv_len: int, dtype):
+    """``[kv_tiles, b, kv_heads, block_k, d]`` -> ``[b, kv_len, kv_heads, d]``."""
+    n, b, h, bk, d = x.shape
+    return jnp.moveaxis(x, 0, 2).reshape(b, h, n * bk, d)[:, :, :kv_len].swapaxes(1, 2).astype(dtype)
+
+
+attention = differentiable(_forward, _backward)

@@ -1,0 +1,128 @@
+"""One attention problem, declared as data, and its inputs drawn from a seed."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import ml_dtypes
+import numpy as np
+
+DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """An attention problem: shapes, dtype, masking and tiles.
+
+    ``segments`` packs that many documents of random lengths into each sequence;
+    ``mask`` is ``"random"`` (Bernoulli(0.7) per head and position), ``"padding"`` (the
+    last keys of each batch element are padding) or ``"empty_rows"`` (some queries see
+    no key at all). ``input_scale`` multiplies q and k, to make logits large.
+    ``lse_grad`` also back-propagates a random cotangent through the lse.
+    ``grads=False`` only checks that the gradients are finite: for a saturated softmax
+    in 16-bit the exact gradient is ~0 and FlashAttention's ``dS = P∘(dP − D)`` (with
+    ``D`` from the rounded output) leaves a residue of ``|dP|·u`` that no relative
+    comparison can bound; flash-attn's formulation has the same property.
+    """
+
+    name: str
+    batch: tuple[int, ...] = (2,)
+    q_len: int = 64
+    kv_len: int | None = None
+    num_heads: int = 4
+    num_kv_heads: int | None = None
+    head_dim: int = 32
+    head_dim_v: int | None = None
+    dtype: str = "float32"
+    causal: bool = False
+    window: int | tuple[int | None, int | None] | None = None
+    segments: int = 0
+    mask: str | None = None
+    logits_soft_cap: float | None = None
+    scale: float | None = None
+    input_scale: float = 1.0
+    lse_grad: bool = False
+    grads: bool = True
+    block_q: int | None = None
+    block_k: int | None = None
+    seed: int = 0
+
+    @property
+    def kv(self) -> int:
+        return self.q_len if self.kv_len is None else self.kv_len
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
+
+    @property
+    def dim_v(self) -> int:
+        return self.head_dim if self.head_dim_v is None else self.head_dim_v
+
+    def replace(self, **changes) -> Case:
+        return dataclasses.replace(self, **changes)
+
+    def options(self) -> dict:
+        """The keyword options of ``flash_attention`` this case uses (not the arrays)."""
+        return dict(
+            causal=self.causal,
+            window=self.window,
+            logits_soft_cap=self.logits_soft_cap,
+            scale=self.scale,
+        )
+
+
+def _segment_ids(rng: np.random.Generator, batch: tuple[int, ...], length: int, count: int) -> np.ndarray:
+    """Sorted ids ``0..count-1`` with random document boundaries, ``[batch..., length]``."""
+    ids = np.zeros((math.prod(batch), length), np.int32)
+    for row in ids:
+        cuts = np.sort(rng.choice(np.arange(1, length), size=min(count - 1, length - 1), replace=False))
+        for cut in cuts:
+            row[cut:] += 1
+    return ids.reshape(*batch, length)
+
+
+def make_inputs(case: Case) -> dict[str, np.ndarray | None]:
+    """Draws the case's arrays once, in NumPy, from its seed.
+
+    q, k, v and the output cotangent ``dout`` are standard normal, rounded to the case's
+    dtype (so both frameworks see identical values); ``dlse`` is float32 or None.
+    Segment ids are int32, the mask bool (True = attend) ``[batch..., H, T, S]``.
+    """
+    rng = np.random.default_rng(case.seed)
+    dtype = DTYPES[case.dtype]
+    b, t, s = case.batch, case.q_len, case.kv
+
+    def normal(*shape, scale=1.0):
+        return (rng.standard_normal(shape) * scale).astype(dtype)
+
+    arrays: dict[str, np.ndarray | None] = {
+        "q": normal(*b, t, case.num_heads, case.head_dim, scale=case.input_scale),
+        "k": normal(*b, s, case.kv_heads, case.head_dim, scale=case.input_scale),
+        "v": normal(*b, s, case.kv_heads, case.dim_v),
+        "dout": normal(*b, t, case.num_heads, case.dim_v),
+        "dlse": rng.standard_normal((*b, case.num_heads, t)).astype(np.float32) if case.lse_grad else None,
+        "q_segment_ids": None,
+        "kv_segment_ids": None,
+        "mask": None,
+    }
+    if case.segments:
+        if t == s:
+            arrays["q_segment_ids"] = arrays["kv_segment_ids"] = _segment_ids(rng, b, t, case.segments)
+        else:
+            arrays["q_segment_ids"] = _segment_ids(rng, b, t, case.segments)
+            arrays["kv_segment_ids"] = _segment_ids(rng, b, s, case.segments)
+    full = (*b, case.num_heads, t, s)
+    if case.mask == "random":
+        arrays["mask"] = rng.random(full) < 0.7
+    elif case.mask == "padding":
+        valid = rng.integers(1, s + 1, size=b)
+        arrays["mask"] = (np.arange(s) < valid[..., None])[..., None, None, :]
+    elif case.mask == "empty_rows":
+        mask = rng.random(full) < 0.7
+        mask[..., ::3, :] = False
+        arrays["mask"] = mask
+    elif case.mask is not None:
+        raise ValueError(f"unknown mask kind {case.mask!r}")
+    return arrays

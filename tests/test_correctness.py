@@ -1,0 +1,86 @@
+"""The shared correctness suite: every implementation against the float64 torch reference.
+
+Outputs, lse and all three gradients (under a random output cotangent) are compared
+with the tolerances of ``parity.compare``. The grid is declared once, below; each
+implementation runs all of it (float32), plus the cases marked for 16-bit dtypes.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from parity.case import Case
+from parity.run import run_case
+
+B = 16  # the tile most cases use; lengths below are chosen around it
+
+GRID = (
+    Case("base", q_len=64, block_q=B, block_k=B),
+    Case("causal", q_len=64, causal=True, block_q=B, block_k=32),
+    Case("window_left_small", q_len=100, window=(5, 0), block_q=B, block_k=B),
+    Case("window_right_small", q_len=100, window=(0, 5), block_q=B, block_k=B),
+    Case("window_both", q_len=100, window=(20, 20), block_q=B, block_k=32),
+    Case("window_wider_than_seq", q_len=100, window=(500, 500), block_q=32, block_k=B),
+    Case("window_causal", q_len=100, causal=True, window=(24, 0), block_q=B, block_k=B),
+    Case("window_one_sided_unbounded", q_len=90, window=(None, 7), block_q=B, block_k=B),
+    Case("gqa2", num_heads=4, num_kv_heads=2, q_len=48, block_q=B, block_k=B),
+    Case("gqa4_causal", num_heads=8, num_kv_heads=2, q_len=48, causal=True, block_q=B, block_k=B),
+    Case("mqa", num_heads=4, num_kv_heads=1, q_len=48, causal=True, block_q=B, block_k=B),
+    Case("segments", q_len=100, segments=4, block_q=B, block_k=32),
+    Case("segments_causal", q_len=100, segments=3, causal=True, block_q=32, block_k=B),
+    Case("segments_cross", q_len=40, kv_len=72, segments=3, block_q=B, block_k=B),
+    Case("mask_random", q_len=50, kv_len=70, mask="random", block_q=B, block_k=B),
+    Case("mask_padding", q_len=64, mask="padding", causal=True, block_q=B, block_k=B),
+    Case("empty_rows", q_len=50, mask="empty_rows", block_q=B, block_k=B),
+    Case("soft_cap", q_len=64, logits_soft_cap=5.0, input_scale=4.0, block_q=B, block_k=B),
+    Case("q_longer_causal", q_len=80, kv_len=30, causal=True, block_q=B, block_k=B),
+    Case("kv_longer_causal", q_len=30, kv_len=80, causal=True, block_q=B, block_k=B),
+    Case("kv_longer_window", q_len=30, kv_len=100, window=(10, 3), block_q=B, block_k=B),
+    Case("decode_one_token", q_len=1, kv_len=77, causal=True, block_q=B, block_k=B),
+    Case("len1", q_len=1, block_q=B, block_k=B),
+    Case("len17", q_len=17, causal=True, block_q=16, block_k=16),
+    Case("len100", q_len=100, block_q=32, block_k=32),
+    Case("len127", q_len=127, causal=True, block_q=64, block_k=64),
+    Case("len300", q_len=300, causal=True, batch=(1,), num_heads=2, block_q=64, block_k=32),
+    Case("head_dim16", head_dim=16, q_len=40, block_q=B, block_k=B),
+    Case("head_dim40", head_dim=40, q_len=40, causal=True, block_q=B, block_k=B),
+    Case("head_dim80_v48", head_dim=80, head_dim_v=48, q_len=40, block_q=B, block_k=B),
+    Case("head_dim64", head_dim=64, q_len=40, block_q=B, block_k=B),
+    Case("head_dim128", head_dim=128, num_heads=2, q_len=40, block_q=B, block_k=B),
+    Case("large_logits", q_len=64, input_scale=100.0, block_q=B, block_k=B),
+    Case("no_batch_dims", batch=(), q_len=40, causal=True, block_q=B, block_k=B),
+    Case("two_batch_dims", batch=(2, 3), num_heads=2, q_len=40, block_q=B, block_k=B),
+    Case("lse_cotangent", q_len=50, causal=True, lse_grad=True, block_q=B, block_k=B),
+    Case("custom_scale", q_len=40, scale=0.3, block_q=B, block_k=B),
+    Case("default_blocks", q_len=200, causal=True),
+)
+
+HALF_PRECISION = (
+    "causal",
+    "window_both",
+    "gqa4_causal",
+    "segments_causal",
+    "empty_rows",
+    "soft_cap",
+    "len127",
+    "head_dim80_v48",
+)
+HALF = ("bfloat16", "float16")
+CASES = (
+    GRID
+    + tuple(
+        case.replace(name=f"{case.name}_{dtype}", dtype=dtype)
+        for case in GRID
+        if case.name in HALF_PRECISION
+        for dtype in HALF
+    )
+    # Logits of ~1e4 in 16-bit inputs: outputs and lse must match, gradients must stay
+    # finite (see ``Case.grads`` for why they cannot be compared elementwise).
+    + tuple(Case(f"large_logits_{dtype}", q_len=64, input_scale=100.0, dtype=dtype, grads=False) for dtype in HALF)
+)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_matches_float64_reference(impl, case):
+    result = run_case(case, impl.name)
+    assert result.ok, result.describe()
