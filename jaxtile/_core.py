@@ -42,14 +42,17 @@ class Inputs(NamedTuple):
 class Config:
     """Static configuration of one attention call.
 
-    ``block_q``/``block_k`` of None let the implementation choose. ``platform`` is where
-    the arrays live (``"gpu"``, ``"cpu"``, ...); Pallas kernels interpret elsewhere.
+    ``block_q``/``block_k`` of None let the implementation choose. ``tuning`` holds the
+    Pallas kernels' launch parameters (a `jaxtile.tuning.Tuning`, ``"autotune"``, or None
+    for the table). ``platform`` is where the arrays live (``"gpu"``, ``"cpu"``, ...);
+    Pallas kernels interpret elsewhere.
     """
 
     mask: MaskSpec
     logits: Logits
     block_q: int | None = None
     block_k: int | None = None
+    tuning: Any = None
     platform: str = "cpu"
 
 

@@ -18,6 +18,7 @@ import numpy as np
 from jaxtile._core import Config, Inputs
 from jaxtile._softmax import Logits
 from jaxtile.mask import MaskSpec
+from jaxtile.tuning import AUTOTUNE, Tuning
 
 FLOAT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
@@ -74,6 +75,19 @@ def _check_qkv(query, key, value) -> None:
     num_heads, num_kv_heads = query.shape[-2], key.shape[-2]
     if num_heads % num_kv_heads:
         raise ValueError(f"{num_heads=} is not a multiple of {num_kv_heads=}")
+
+
+def _check_devices(arrays: dict[str, Any]) -> None:
+    """Concrete committed arrays must all live on the same devices; traced ones are the
+    enclosing transformation's concern, uncommitted ones follow the others."""
+    placed = {
+        name: x.sharding.device_set
+        for name, x in arrays.items()
+        if isinstance(x, jax.Array) and not _is_traced(x) and x.committed
+    }
+    if len(set(map(frozenset, placed.values()))) > 1:
+        where = ", ".join(f"{name} on {sorted(devices, key=lambda d: d.id)}" for name, devices in placed.items())
+        raise ValueError(f"the arrays must be committed to the same devices; got {where}")
 
 
 def _check_window(window) -> tuple[int | None, int | None] | None:
@@ -157,6 +171,13 @@ def check_block(name: str, block, *, power_of_two: bool) -> None:
         raise ValueError(f"{name}={block} must be a power of two >= 16 for the Pallas kernels")
 
 
+def check_tuning(tuning) -> None:
+    """``tuning`` is None, ``"autotune"`` or a `jaxtile.tuning.Tuning`."""
+    if tuning is None or tuning == AUTOTUNE or isinstance(tuning, Tuning):
+        return
+    raise TypeError(f"tuning must be None, {AUTOTUNE!r} or a jaxtile.tuning.Tuning; got {tuning!r}")
+
+
 def canonicalize(
     query,
     key,
@@ -170,11 +191,18 @@ def canonicalize(
     scale,
     block_q,
     block_k,
+    tuning,
     platform: str,
 ) -> tuple[Inputs, Config, tuple[int, ...]]:
     """Validates the public arguments; returns canonical inputs, config and batch shape."""
     _check_qkv(query, key, value)
+    if isinstance(segment_ids, (tuple, list)):
+        ids = dict(zip(("q_segment_ids", "kv_segment_ids"), segment_ids))
+    else:
+        ids = {"segment_ids": segment_ids}
+    _check_devices({"query": query, "key": key, "value": value, "mask": mask, **ids})
     check_static("causal", causal, "bool")
+    check_tuning(tuning)
     window = _check_window(window)
     batch = tuple(query.shape[:-3])
     q_len, num_heads, head_dim = query.shape[-3:]
@@ -201,4 +229,4 @@ def canonicalize(
         kv_ids,
         dense,
     )
-    return inputs, Config(spec, logits, block_q, block_k, platform), batch
+    return inputs, Config(spec, logits, block_q, block_k, tuning, platform), batch

@@ -52,13 +52,14 @@ class Logits:
         return ds * (self.scale * (1.0 - jnp.square(pre / self.soft_cap)))
 
 
-def online_softmax(pre, m_prev, l_prev, logits: Logits, visible=None):
+def online_softmax(pre, m_prev, l_prev, logits: Logits, visible=None, exp2=jnp.exp2):
     """One step of the online softmax (FlashAttention-2, Algorithm 1, lines 8-10).
 
     Args:
       pre: ``[..., rows, cols]`` float32, ``logits.pre`` of one tile of scores.
       m_prev, l_prev: ``[..., rows]`` running max (base 2) and running sum.
       visible: optional bool ``[..., rows, cols]``; masked scores are dropped.
+      exp2: the base-2 exponential to use (kernels pass a faster hardware one).
     Returns:
       ``(p, alpha, m_new, l_new)``: unnormalised probabilities ``exp2(s2 - m_new)``,
       the factor ``exp2(m_prev - m_new)`` that rescales the old accumulator, and the
@@ -67,11 +68,19 @@ def online_softmax(pre, m_prev, l_prev, logits: Logits, visible=None):
     if visible is not None:
         pre = jnp.where(visible, pre, -jnp.inf)
     m_new = jnp.maximum(m_prev, jnp.max(pre, axis=-1) * logits.factor)
-    m_base = jnp.where(m_new == -jnp.inf, 0.0, m_new)
-    p = jnp.exp2(pre * logits.factor - m_base[..., None])
-    alpha = jnp.exp2(m_prev - m_base)
+    # Only a masked tile can leave a row with no finite score so far.
+    m_base = m_new if visible is None else jnp.where(m_new == -jnp.inf, 0.0, m_new)
+    p = exp2(pre * logits.factor - m_base[..., None])
+    alpha = exp2(m_prev - m_base)
     l_new = alpha * l_prev + jnp.sum(p, axis=-1)
     return p, alpha, m_new, l_new
+
+
+def log_sum_exp(m, l):
+    """The natural-log lse ``(m + log2 l) · ln 2`` of base-2 statistics ``[..., rows]``;
+    ``-inf`` on rows with no visible key (``l = 0``)."""
+    empty = l == 0.0
+    return jnp.where(empty, -jnp.inf, (m + jnp.log2(jnp.where(empty, 1.0, l))) * LN2)
 
 
 def finalize(acc, m, l):
@@ -80,10 +89,50 @@ def finalize(acc, m, l):
     ``acc`` is ``[..., rows, head_dim_v]``; ``m``, ``l`` are ``[..., rows]``. Returns the
     float32 output and the natural-log lse, 0 and ``-inf`` on rows with no visible key.
     """
-    empty = l == 0.0
-    out = acc / jnp.where(empty, 1.0, l)[..., None]
-    lse = jnp.where(empty, -jnp.inf, (m + jnp.log2(jnp.where(empty, 1.0, l))) * LN2)
-    return out, lse
+    out = acc / jnp.where(l == 0.0, 1.0, l)[..., None]
+    return out, log_sum_exp(m, l)
+
+
+def tile_softmax(pre, logits: Logits, visible=None, exp2=jnp.exp2):
+    """The softmax statistics of one tile on its own (FlashAttention-1, Algorithm 1, line 10).
+
+    Args:
+      pre: ``[..., rows, cols]`` float32, ``logits.pre`` of one tile of scores.
+      visible: optional bool ``[..., rows, cols]``; masked scores are dropped.
+    Returns:
+      ``(p, m_tile, l_tile)``: ``P~ = exp2(s2 - m~)``, ``m~ = rowmax(s2)`` and
+      ``l~ = rowsum(P~)``; a row that sees no key of the tile has ``m~ = -inf``,
+      ``P~ = 0`` and ``l~ = 0``.
+    """
+    if visible is not None:
+        pre = jnp.where(visible, pre, -jnp.inf)
+    m_tile = jnp.max(pre, axis=-1) * logits.factor
+    m_base = jnp.where(m_tile == -jnp.inf, 0.0, m_tile)
+    p = exp2(pre * logits.factor - m_base[..., None])
+    return p, m_tile, jnp.sum(p, axis=-1)
+
+
+def rescaled_update(o_prev, m_prev, l_prev, pv, m_tile, l_tile, exp2=jnp.exp2):
+    """Merges one tile into a normalised output (FlashAttention-1, Algorithm 1, lines 11-12).
+
+    ``m_new = max(m, m~)``, ``l_new = 2^(m - m_new) l + 2^(m~ - m_new) l~`` and
+    ``O_new = diag(l_new)^-1 (diag(l) 2^(m - m_new) O + 2^(m~ - m_new) P~V)``.
+
+    Args:
+      o_prev: ``[..., rows, head_dim_v]`` float32, the output normalised so far.
+      m_prev, l_prev: ``[..., rows]`` its statistics (base 2).
+      pv: ``[..., rows, head_dim_v]`` float32, ``P~ V`` of the tile.
+      m_tile, l_tile: ``[..., rows]`` from `tile_softmax`.
+    Returns:
+      ``(o_new, m_new, l_new)``; rows that have seen no key yet stay at 0, ``-inf``, 0.
+    """
+    m_new = jnp.maximum(m_prev, m_tile)
+    m_base = jnp.where(m_new == -jnp.inf, 0.0, m_new)
+    alpha = exp2(m_prev - m_base)
+    beta = exp2(m_tile - m_base)
+    l_new = alpha * l_prev + beta * l_tile
+    o_new = (alpha * l_prev)[..., None] * o_prev + beta[..., None] * pv
+    return o_new / jnp.where(l_new == 0.0, 1.0, l_new)[..., None], m_new, l_new
 
 
 def lse_base2(lse):
@@ -91,12 +140,21 @@ def lse_base2(lse):
     return jnp.where(lse == -jnp.inf, jnp.inf, lse * LOG2E)
 
 
-def probabilities(pre, lse2, logits: Logits, visible=None):
+def stats_base2(m, l):
+    """FlashAttention-1's ``(m, l)`` as its backward pass consumes them: ``(m, 1 / l)``,
+    with ``m = +inf`` and ``1 / l = 0`` on empty rows so their probabilities are 0.
+    ``P = probabilities(pre, m, ...) / l`` then (Algorithm 4, line 13)."""
+    empty = l == 0.0
+    return jnp.where(empty, jnp.inf, m), jnp.where(empty, 0.0, 1.0 / jnp.where(empty, 1.0, l))
+
+
+def probabilities(pre, lse2, logits: Logits, visible=None, exp2=jnp.exp2):
     """Recomputed probabilities ``P = exp2(s2 - lse2)`` (Algorithm 2, line 11).
 
-    ``pre`` is ``[..., rows, cols]``; ``lse2`` is ``[..., rows]`` from `lse_base2`.
+    ``lse2`` (from `lse_base2`) broadcasts against ``pre``: ``[..., rows, 1]``, or
+    ``[1, rows]`` for kernels that form the scores transposed.
     """
-    p = jnp.exp2(pre * logits.factor - lse2[..., None])
+    p = exp2(pre * logits.factor - lse2)
     if visible is not None:
         p = jnp.where(visible, p, 0.0)
     return p
@@ -105,6 +163,7 @@ def probabilities(pre, lse2, logits: Logits, visible=None):
 def score_grad(p, dp, delta, pre, logits: Logits):
     """``dS = P * (dP - D)`` (Algorithm 2, line 14) taken back to dL/d(q·k).
 
-    ``delta`` is ``D = rowsum(dO * O)`` minus the lse cotangent, ``[..., rows]``.
+    ``delta`` is ``D = rowsum(dO * O)`` minus the lse cotangent, broadcast like the lse
+    in `probabilities`.
     """
-    return logits.grad(p * (dp - delta[..., None]), pre)
+    return logits.grad(p * (dp - delta), pre)

@@ -101,7 +101,7 @@ class MaskSpec:
         """True when tiles can be classified from indices alone (no runtime mask)."""
         return not (self.has_segments or self.has_dense_mask)
 
-    def visible(self, q_idx, kv_idx, *, q_segment=None, kv_segment=None, dense=None):
+    def visible(self, q_idx, kv_idx, *, q_segment=None, kv_segment=None, dense=None, check_bounds=True):
         """Element-wise visibility; arguments broadcast against each other.
 
         Args:
@@ -110,11 +110,13 @@ class MaskSpec:
           q_segment, kv_segment: segment ids, shaped to broadcast like the indices;
             required iff ``has_segments``.
           dense: the boolean mask tile; required iff ``has_dense_mask``.
+          check_bounds: also hide indices past ``q_len``/``kv_len``; a kernel whose
+            tiles never reach past the key sequence may skip it.
         Returns:
           bool array of the broadcast shape.
         """
         pos = q_idx + self.offset
-        ok = (q_idx < self.q_len) & (kv_idx < self.kv_len)
+        ok = (q_idx < self.q_len) & (kv_idx < self.kv_len) if check_bounds else True
         if self.left is not None:
             ok &= kv_idx >= pos - self.left
         if self.right is not None:
@@ -156,7 +158,8 @@ class MaskSpec:
         spans = []
         if self.left is not None:
             spans.append(TileSpan(lo, full_lo, True))
-        spans.append(TileSpan(full_lo, full_hi, False))
+        if n_kv >= block_k:  # otherwise no key tile is whole, and the span is empty
+            spans.append(TileSpan(full_lo, full_hi, False))
         if self.right is not None or n_kv % block_k:
             spans.append(TileSpan(full_hi, hi, True))
         return tuple(spans)

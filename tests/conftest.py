@@ -28,7 +28,10 @@ class Implementation:
 
 IMPLEMENTATIONS = (
     Implementation("reference", tiled=False),
+    Implementation("scan_v1"),
     Implementation("scan_v2"),
+    Implementation("pallas_v1", pallas=True),
+    Implementation("pallas_v2", pallas=True),
 )
 TILED = tuple(i for i in IMPLEMENTATIONS if i.tiled)
 

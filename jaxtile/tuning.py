@@ -1,0 +1,141 @@
+"""Launch parameters of the Pallas kernels: tiles, warps and pipeline stages.
+
+Three ways to choose them, through ``flash_attention(..., tuning=...)``:
+
+* ``None``: `default_tuning`, a small table measured on Hopper (H100/H200) per head dim
+  and dtype width;
+* a `Tuning`: exactly these parameters;
+* ``"autotune"``: on first use of a shape, time the candidates of `candidates` on the GPU
+  and keep the fastest for the rest of the process.
+
+``block_q`` / ``block_k`` passed to ``flash_attention`` override the tiles of every kernel.
+Implementations other than the Pallas ones ignore ``tuning``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Hashable
+
+import jax.numpy as jnp
+
+AUTOTUNE = "autotune"
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelTuning:
+    """Launch parameters of one kernel: tiles, warps per program, software-pipeline depth."""
+
+    block_q: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def __post_init__(self):
+        for name in ("block_q", "block_k"):
+            block = getattr(self, name)
+            if not isinstance(block, int) or block < 16 or block & (block - 1):
+                raise ValueError(f"{name}={block!r} must be a power of two >= 16")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"num_warps={self.num_warps!r} must be 1, 2, 4, 8 or 16")
+        if not isinstance(self.num_stages, int) or self.num_stages < 1:
+            raise ValueError(f"num_stages={self.num_stages!r} must be a positive int")
+
+
+@dataclasses.dataclass(frozen=True)
+class Tuning:
+    """Launch parameters of the forward, dK/dV and dQ kernels of one call."""
+
+    forward: KernelTuning
+    dkdv: KernelTuning
+    dq: KernelTuning
+
+    def with_blocks(self, block_q: int | None, block_k: int | None) -> Tuning:
+        """The same tuning with the tiles the user asked for, in every kernel."""
+
+        def override(t: KernelTuning) -> KernelTuning:
+            return dataclasses.replace(t, block_q=block_q or t.block_q, block_k=block_k or t.block_k)
+
+        return Tuning(override(self.forward), override(self.dkdv), override(self.dq))
+
+
+def _t(fwd: tuple[int, ...], dkdv: tuple[int, ...], dq: tuple[int, ...]) -> Tuning:
+    return Tuning(KernelTuning(*fwd), KernelTuning(*dkdv), KernelTuning(*dq))
+
+
+# (largest padded head dim, 16-bit inputs, causal) -> tuning. The 16-bit rows are the
+# best geometric mean over seq 1024/4096/16384 of `python -m bench.tune` on an H200
+# (bench/results/tune/); float32 rows are sized to fit shared memory with IEEE products.
+_HOPPER: dict[tuple[int, bool, bool], Tuning] = {
+    (64, True, False): _t((128, 64, 8, 3), (64, 64, 4, 3), (64, 64, 4, 3)),
+    (64, True, True): _t((64, 64, 4, 3), (32, 128, 4, 3), (128, 32, 4, 3)),
+    (128, True, False): _t((128, 128, 8, 3), (64, 128, 8, 3), (128, 64, 8, 3)),
+    (128, True, True): _t((128, 64, 8, 3), (64, 64, 4, 2), (64, 64, 4, 2)),
+    (256, True, False): _t((64, 64, 4, 2), (32, 64, 4, 2), (64, 32, 4, 2)),
+    (256, True, True): _t((64, 64, 4, 2), (32, 64, 4, 2), (64, 32, 4, 2)),
+    (64, False, False): _t((64, 64, 4, 2), (32, 64, 4, 2), (64, 32, 4, 2)),
+    (64, False, True): _t((64, 64, 4, 2), (32, 64, 4, 2), (64, 32, 4, 2)),
+    (128, False, False): _t((64, 32, 4, 2), (32, 32, 4, 2), (32, 32, 4, 2)),
+    (128, False, True): _t((64, 32, 4, 2), (32, 32, 4, 2), (32, 32, 4, 2)),
+    (256, False, False): _t((32, 32, 4, 1), (16, 32, 4, 1), (32, 16, 4, 1)),
+    (256, False, True): _t((32, 32, 4, 1), (16, 32, 4, 1), (32, 16, 4, 1)),
+}
+
+
+def _bucket(head_dim: int, dtype) -> tuple[int, bool]:
+    half = jnp.dtype(dtype).itemsize == 2
+    for limit in (64, 128, 256):
+        if head_dim <= limit:
+            return limit, half
+    raise ValueError(f"{head_dim=} is larger than the Pallas kernels support (256)")
+
+
+def default_tuning(head_dim: int, dtype, causal: bool) -> Tuning:
+    """The table's entry for the padded ``head_dim`` (the larger of q/k's and v's),
+    the dtype's width and whether the mask is causal (bounded on the right)."""
+    return _HOPPER[(*_bucket(head_dim, dtype), causal)]
+
+
+def candidates(head_dim: int, dtype, causal: bool) -> tuple[Tuning, ...]:
+    """What ``"autotune"`` tries: the table's entry and its neighbours in tiles and depth."""
+    base = default_tuning(head_dim, dtype, causal)
+    out = [base]
+    for fwd_blocks in ((128, 64), (64, 64), (128, 128)):
+        for stages in (2, 3, 4):
+            fwd = dataclasses.replace(base.forward, block_q=fwd_blocks[0], block_k=fwd_blocks[1], num_stages=stages)
+            out.append(dataclasses.replace(base, forward=fwd))
+    for bwd_blocks, warps in (((32, 64), 4), ((64, 64), 4), ((64, 128), 8), ((128, 64), 8)):
+        dkdv = KernelTuning(bwd_blocks[0], bwd_blocks[1], warps, base.dkdv.num_stages)
+        dq = KernelTuning(bwd_blocks[1], bwd_blocks[0], warps, base.dq.num_stages)
+        out.append(dataclasses.replace(base, dkdv=dkdv, dq=dq))
+    return tuple(dict.fromkeys(out))
+
+
+_AUTOTUNED: dict[Hashable, Tuning] = {}
+
+
+def autotuned(key: Hashable, options: tuple[Tuning, ...], measure: Callable[[Tuning], tuple[float, float]]) -> Tuning:
+    """The fastest of ``options`` for ``key``, timed once per process.
+
+    ``measure(tuning)`` returns ``(forward_seconds, backward_seconds)`` (``inf`` when a
+    candidate fails to compile or run). The forward kernel and the backward pair are
+    chosen independently.
+    """
+    if key not in _AUTOTUNED:
+        times = {t: measure(t) for t in options}
+        fwd = min(options, key=lambda t: times[t][0])
+        bwd = min(options, key=lambda t: times[t][1])
+        _AUTOTUNED[key] = Tuning(fwd.forward, bwd.dkdv, bwd.dq)
+    return _AUTOTUNED[key]
+
+
+def median_seconds(run: Callable[[], object], repeats: int = 5) -> float:
+    """Median wall time of ``run()`` (which must block until its result is ready)."""
+    run()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
