@@ -105,6 +105,13 @@ def kv_heads_first(x, padded: int):
     return _pad_axis(jnp.moveaxis(x, 1, 2), 2, padded)
 
 
+def kv_heads_last(x, kv_len: int, dtype):
+    """Per-tile results ``[kv_tiles, batch, kv_heads, block_k, dim]`` (as a ``lax.scan``
+    over key tiles stacks them) -> ``[batch, kv_len, kv_heads, dim]`` in ``dtype``."""
+    n, b, h, bk, d = x.shape
+    return jnp.moveaxis(x, 0, 2).reshape(b, h, n * bk, d)[:, :, :kv_len].swapaxes(1, 2).astype(dtype)
+
+
 def tile(inputs: Inputs, tiling: Tiling) -> Tiled:
     """Pads the canonical inputs to whole tiles and puts heads before sequence."""
     num_kv_heads = inputs.k.shape[2]

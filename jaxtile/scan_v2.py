@@ -45,14 +45,15 @@ def _forward(inputs: Inputs, config: Config):
         return acc * alpha[..., None] + pv, m_i, l_i
 
     def q_step(_, t):
-        # Lines 3-4: load Q_i, initialise O_i, l_i, m_i.
+        # Lines 3-5: for each query tile, load Q_i; initialise O_i, l_i, m_i.
         q_i = lt.rows(x.q, t, tiling.block_q, 3)
         rows = (batch, kv_heads, group, tiling.block_q)
         carry = (
-            jnp.zeros((*rows, head_dim_v), jnp.float32),
-            jnp.full(rows, -jnp.inf, jnp.float32),
-            jnp.zeros(rows, jnp.float32),
+            jnp.zeros_like(q_i, jnp.float32, shape=(*rows, head_dim_v)),
+            jnp.full_like(q_i, -jnp.inf, jnp.float32, shape=rows),
+            jnp.zeros_like(q_i, jnp.float32, shape=rows),
         )
+        # Line 6: the key tiles this query tile can see.
         for span in spec.kv_spans(t, tiling.block_q, tiling.block_k):
             body = functools.partial(kv_step, span.masked, t, q_i)
             carry = lax.fori_loop(span.start, span.stop, body, carry)
@@ -86,18 +87,19 @@ def _backward(inputs: Inputs, out, lse, dout, dlse, config: Config):
 
     def q_step(masked, u, k_j, v_j, t, carry):
         dq, dk_j, dv_j = carry
+        # Line 9: load Q_i, dO_i, dQ_i, L_i, D_i.
         q_i = lt.rows(x.q, t, bq, 3)
         do_i = lt.rows(do, t, bq, 3)
         # Lines 10-11: recompute S_ij and P_ij = exp(S_ij - L_i).
         qk = jnp.einsum("bhgqd,bhkd->bhgqk", q_i, k_j, preferred_element_type=jnp.float32)
         pre = logits.pre(qk)
         vis = lt.visible(spec, x, tiling, t, u) if masked else None
-        p = sm.probabilities(pre, lt.rows(lse2, t, bq, 3), logits, vis)
+        p = sm.probabilities(pre, lt.rows(lse2, t, bq, 3)[..., None], logits, vis)
         # Line 12: dV_j += P_ijᵀ dO_i (summed over the group's query heads).
         dv_j += jnp.einsum("bhgqk,bhgqd->bhkd", p.astype(do.dtype), do_i, preferred_element_type=jnp.float32)
         # Lines 13-14: dP_ij = dO_i V_jᵀ, dS_ij = P_ij ∘ (dP_ij - D_i).
         dp = jnp.einsum("bhgqd,bhkd->bhgqk", do_i, v_j, preferred_element_type=jnp.float32)
-        ds = sm.score_grad(p, dp, lt.rows(delta, t, bq, 3), pre, logits)
+        ds = sm.score_grad(p, dp, lt.rows(delta, t, bq, 3)[..., None], pre, logits)
         # Line 15: dQ_i += dS_ij K_j, read and written back in place.
         dq_i = lt.rows(dq, t, bq, 3) + jnp.einsum("bhgqk,bhkd->bhgqd", ds, k_j, preferred_element_type=jnp.float32)
         dq = lax.dynamic_update_slice_in_dim(dq, dq_i, t * bq, 3)
@@ -109,21 +111,17 @@ def _backward(inputs: Inputs, out, lse, dout, dlse, config: Config):
         # Lines 6-7: load K_j, V_j; initialise dK_j, dV_j.
         k_j = lt.rows(x.k, u, bk, 2)
         v_j = lt.rows(x.v, u, bk, 2)
-        carry = (dq, jnp.zeros(k_j.shape, jnp.float32), jnp.zeros(v_j.shape, jnp.float32))
+        carry = (dq, jnp.zeros_like(k_j, jnp.float32), jnp.zeros_like(v_j, jnp.float32))
+        # Line 8: the query tiles that can see this key tile.
         for span in spec.q_spans(u, bq, bk):
             carry = lax.fori_loop(span.start, span.stop, functools.partial(q_step, span.masked, u, k_j, v_j), carry)
+        # Line 18: write dK_j, dV_j (stacked by the scan).
         dq, dk_j, dv_j = carry
         return dq, (dk_j, dv_j)
 
-    dq, (dk, dv) = lax.scan(kv_step, jnp.zeros(x.q.shape, jnp.float32), jnp.arange(tiling.num_kv_tiles))
+    dq, (dk, dv) = lax.scan(kv_step, jnp.zeros_like(x.q, jnp.float32), jnp.arange(tiling.num_kv_tiles))
     dq = lt.q_heads_last(dq, spec.q_len).astype(inputs.q.dtype)
-    return dq, _kv_heads_last(dk, spec.kv_len, inputs.k.dtype), _kv_heads_last(dv, spec.kv_len, inputs.v.dtype)
-
-
-def _kv_heads_last(x, kv_len: int, dtype):
-    """``[kv_tiles, b, kv_heads, block_k, d]`` -> ``[b, kv_len, kv_heads, d]``."""
-    n, b, h, bk, d = x.shape
-    return jnp.moveaxis(x, 0, 2).reshape(b, h, n * bk, d)[:, :, :kv_len].swapaxes(1, 2).astype(dtype)
+    return dq, lt.kv_heads_last(dk, spec.kv_len, inputs.k.dtype), lt.kv_heads_last(dv, spec.kv_len, inputs.v.dtype)
 
 
 attention = differentiable(_forward, _backward)

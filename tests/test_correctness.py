@@ -37,7 +37,8 @@ GRID = (
     Case("kv_longer_causal", q_len=30, kv_len=80, causal=True, block_q=B, block_k=B),
     Case("kv_longer_window", q_len=30, kv_len=100, window=(10, 3), block_q=B, block_k=B),
     Case("decode_one_token", q_len=1, kv_len=77, causal=True, block_q=B, block_k=B),
-    Case("len1", q_len=1, block_q=B, block_k=B),
+    # One key per query: the exact dq, dk are 0 unless the lse is differentiated too.
+    Case("len1", q_len=1, lse_grad=True, block_q=B, block_k=B),
     Case("len17", q_len=17, causal=True, block_q=16, block_k=16),
     Case("len100", q_len=100, block_q=32, block_k=32),
     Case("len127", q_len=127, causal=True, block_q=64, block_k=64),
@@ -47,7 +48,7 @@ GRID = (
     Case("head_dim80_v48", head_dim=80, head_dim_v=48, q_len=40, block_q=B, block_k=B),
     Case("head_dim64", head_dim=64, q_len=40, block_q=B, block_k=B),
     Case("head_dim128", head_dim=128, num_heads=2, q_len=40, block_q=B, block_k=B),
-    Case("large_logits", q_len=64, input_scale=100.0, block_q=B, block_k=B),
+    Case("large_logits", q_len=64, input_scale=20.0, block_q=B, block_k=B),
     Case("no_batch_dims", batch=(), q_len=40, causal=True, block_q=B, block_k=B),
     Case("two_batch_dims", batch=(2, 3), num_heads=2, q_len=40, block_q=B, block_k=B),
     Case("lse_cotangent", q_len=50, causal=True, lse_grad=True, block_q=B, block_k=B),
@@ -64,6 +65,7 @@ HALF_PRECISION = (
     "soft_cap",
     "len127",
     "head_dim80_v48",
+    "large_logits",
 )
 HALF = ("bfloat16", "float16")
 CASES = (
@@ -74,9 +76,12 @@ CASES = (
         if case.name in HALF_PRECISION
         for dtype in HALF
     )
-    # Logits of ~1e4 in 16-bit inputs: outputs and lse must match, gradients must stay
-    # finite (see ``Case.grads`` for why they cannot be compared elementwise).
-    + tuple(Case(f"large_logits_{dtype}", q_len=64, input_scale=100.0, dtype=dtype, grads=False) for dtype in HALF)
+    # Logits of ~1e4: outputs and lse must match, gradients must stay finite (the
+    # softmax is one-hot; see ``Case.grads`` for why they cannot be compared).
+    + tuple(
+        Case(f"huge_logits_{dtype}", q_len=64, input_scale=100.0, dtype=dtype, grads=False)
+        for dtype in ("float32", *HALF)
+    )
 )
 
 

@@ -1,0 +1,156 @@
+"""``implementation="scan_v1"``: FlashAttention-1 as ``jax.lax`` loops over tiles.
+
+Dao et al. (2022), "FlashAttention: Fast and Memory-Efficient Exact Attention with
+IO-Awareness", Algorithm 1 (forward; masking as in Algorithm 2) and Algorithm 4
+(backward); comments cite their line numbers. Side by side with `jaxtile.scan_v2`:
+
+* Forward loop order: key/value tiles outer (line 5), query tiles inner (line 7), over
+  the query tiles `MaskSpec.q_spans` allows. The running output ``O``, max ``m`` and sum
+  ``l`` are full ``O(N)`` arrays carried through both loops; each inner step reads its
+  rows and writes them back (lines 8, 12-13), which is the paper's HBM traffic. FA2
+  keeps one query tile's statistics on chip for its whole inner loop instead.
+* Normalisation at every step (line 12): ``O_i`` is always a normalised output, where
+  FA2 rescales an unnormalised accumulator and divides once at the end.
+* The residual statistics are ``m`` and ``l`` (FA2 keeps only ``lse = m + log l``), and
+  the backward pass forms ``P_ij = diag(l_i)^-1 exp(S_ij - m_i)`` (line 13).
+* Backward: the same loop order as FA2's (key/value outer, query inner, ``dQ_i`` read
+  and written back), but ``D_i = rowsum(dO_i ∘ O_i)`` is recomputed in the inner loop
+  (line 19) rather than once beforehand.
+
+Scores are base 2 with the scale folded in (`jaxtile._softmax`), so ``m`` is the running
+max of ``s · log2(e)`` and ``l`` the sum of ``2^(s2 - m)``. Every batch element and head
+of a tile is processed at once (``[batch, kv_heads, group, rows, dim]`` tiles): the query
+heads of a group share their key/value tile, and dK/dV are summed over the group inside
+the einsums. Memory is O(N).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax.numpy as jnp
+from jax import lax
+
+from jaxtile import _lax_tiles as lt
+from jaxtile import _softmax as sm
+from jaxtile._core import Config, Inputs, differentiable
+
+DEFAULT_BLOCK = 128
+
+
+def _forward(inputs: Inputs, config: Config):
+    """Algorithm 1. Returns ``out [b, q, h, dv]``, ``lse [b, h, q]`` and the statistics
+    ``(m, l)``, each ``[b, h, q]`` float32 (base 2), for the backward pass."""
+    spec, logits = config.mask, config.logits
+    tiling = lt.Tiling.create(config, DEFAULT_BLOCK)
+    bq, bk = tiling.block_q, tiling.block_k
+    # Lines 3-4: Q, O, l, m are divided into row tiles by `lt.rows`; K, V likewise.
+    x = lt.tile(inputs, tiling)
+    batch, kv_heads, group, q_padded, _ = x.q.shape
+    rows = (batch, kv_heads, group, q_padded)
+
+    def q_step(masked, u, k_j, v_j, t, carry):
+        o, m, l = carry
+        # Line 8: load Q_i, O_i, l_i, m_i.
+        q_i = lt.rows(x.q, t, bq, 3)
+        o_i, m_i, l_i = lt.rows(o, t, bq, 3), lt.rows(m, t, bq, 3), lt.rows(l, t, bq, 3)
+        # Line 9: S_ij = Q_i K_jᵀ (as ``pre``; the scale is folded into the exponentials).
+        qk = jnp.einsum("bhgqd,bhkd->bhgqk", q_i, k_j, preferred_element_type=jnp.float32)
+        pre = logits.pre(qk)
+        vis = lt.visible(spec, x, tiling, t, u) if masked else None
+        # Line 10: m~_ij = rowmax(S_ij), P~_ij = exp(S_ij - m~_ij), l~_ij = rowsum(P~_ij).
+        p, m_ij, l_ij = sm.tile_softmax(pre, logits, vis)
+        pv = jnp.einsum("bhgqk,bhkd->bhgqd", p.astype(v_j.dtype), v_j, preferred_element_type=jnp.float32)
+        # Lines 11-12: m_new, l_new; O_i <- diag(l_new)^-1 (diag(l_i) e^(m_i - m_new) O_i + e^(m~_ij - m_new) P~_ij V_j).
+        o_i, m_i, l_i = sm.rescaled_update(o_i, m_i, l_i, pv, m_ij, l_ij)
+        # Lines 12-13: write O_i, l_i, m_i back.
+        o = lax.dynamic_update_slice_in_dim(o, o_i, t * bq, 3)
+        m = lax.dynamic_update_slice_in_dim(m, m_i, t * bq, 3)
+        l = lax.dynamic_update_slice_in_dim(l, l_i, t * bq, 3)
+        return o, m, l
+
+    def kv_step(carry, u):
+        # Lines 5-6: for each key/value tile, load K_j, V_j.
+        k_j = lt.rows(x.k, u, bk, 2)
+        v_j = lt.rows(x.v, u, bk, 2)
+        # Line 7: the query tiles that can see this key tile.
+        for span in spec.q_spans(u, bq, bk):
+            carry = lax.fori_loop(span.start, span.stop, functools.partial(q_step, span.masked, u, k_j, v_j), carry)
+        return carry, None
+
+    # Line 2: O = 0, l = 0, m = -inf.
+    init = (
+        jnp.zeros_like(x.q, jnp.float32, shape=(*rows, x.v.shape[-1])),
+        jnp.full_like(x.q, -jnp.inf, jnp.float32, shape=rows),
+        jnp.zeros_like(x.q, jnp.float32, shape=rows),
+    )
+    (o, m, l), _ = lax.scan(kv_step, init, jnp.arange(tiling.num_kv_tiles))
+    out = lt.q_heads_last(o, spec.q_len).astype(inputs.q.dtype)
+    m, l = (s.reshape(batch, kv_heads * group, q_padded)[..., : spec.q_len] for s in (m, l))
+    return out, sm.log_sum_exp(m, l), (m, l)
+
+
+def _backward(inputs: Inputs, out, stats, dout, dlse, config: Config):
+    """Algorithm 4: key/value tiles outer, query tiles inner, dQ read and written back.
+
+    ``stats`` is the forward's ``(m, l)``. Returns ``(dq, dk, dv)`` in the dtypes of
+    ``q, k, v``; dK and dV are summed over the query heads of each group.
+    """
+    spec, logits = config.mask, config.logits
+    tiling = lt.Tiling.create(config, DEFAULT_BLOCK)
+    bq, bk = tiling.block_q, tiling.block_k
+    # Lines 3-4: Q, O, dO, l, m are divided into row tiles; K, V into column tiles.
+    x = lt.tile(inputs, tiling)
+    kv_heads = x.k.shape[1]
+    m, inv_l = sm.stats_base2(*stats)
+    m = lt.q_seq_last(m, kv_heads, tiling.q_padded, jnp.inf)
+    inv_l = lt.q_seq_last(inv_l, kv_heads, tiling.q_padded)
+    dlse = lt.q_seq_last(dlse, kv_heads, tiling.q_padded)
+    o = lt.q_heads_first(out, kv_heads, tiling.q_padded)
+    do = lt.q_heads_first(dout, kv_heads, tiling.q_padded)
+
+    def q_step(masked, u, k_j, v_j, t, carry):
+        dq, dk_j, dv_j = carry
+        # Line 10: load Q_i, O_i, dO_i, dQ_i, l_i, m_i.
+        q_i, o_i, do_i = (lt.rows(a, t, bq, 3) for a in (x.q, o, do))
+        m_i, inv_l_i = lt.rows(m, t, bq, 3), lt.rows(inv_l, t, bq, 3)
+        # Lines 11-12: S_ij = τ Q_i K_jᵀ and its mask.
+        qk = jnp.einsum("bhgqd,bhkd->bhgqk", q_i, k_j, preferred_element_type=jnp.float32)
+        pre = logits.pre(qk)
+        vis = lt.visible(spec, x, tiling, t, u) if masked else None
+        # Line 13: P_ij = diag(l_i)^-1 exp(S_ij - m_i).
+        p = sm.probabilities(pre, m_i[..., None], logits, vis) * inv_l_i[..., None]
+        # Line 16: dV_j += P_ijᵀ dO_i (summed over the group's query heads).
+        dv_j += jnp.einsum("bhgqk,bhgqd->bhkd", p.astype(do.dtype), do_i, preferred_element_type=jnp.float32)
+        # Line 17: dP_ij = dO_i V_jᵀ.
+        dp = jnp.einsum("bhgqd,bhkd->bhgqk", do_i, v_j, preferred_element_type=jnp.float32)
+        # Line 19: D_i = rowsum(dO_i ∘ O_i); the lse cotangent enters the same place.
+        d_i = jnp.sum(do_i.astype(jnp.float32) * o_i.astype(jnp.float32), axis=-1) - lt.rows(dlse, t, bq, 3)
+        # Line 20: dS_ij = P_ij ∘ (dP_ij - D_i), with τ (and a soft cap's derivative).
+        ds = sm.score_grad(p, dp, d_i[..., None], pre, logits)
+        # Line 21: dQ_i += dS_ij K_j, written back.
+        dq_i = lt.rows(dq, t, bq, 3) + jnp.einsum("bhgqk,bhkd->bhgqd", ds, k_j, preferred_element_type=jnp.float32)
+        dq = lax.dynamic_update_slice_in_dim(dq, dq_i, t * bq, 3)
+        # Line 22: dK_j += dS_ijᵀ Q_i.
+        dk_j += jnp.einsum("bhgqk,bhgqd->bhkd", ds, q_i, preferred_element_type=jnp.float32)
+        return dq, dk_j, dv_j
+
+    def kv_step(dq, u):
+        # Lines 6-8: for each key/value tile, load K_j, V_j; initialise dK_j, dV_j.
+        k_j = lt.rows(x.k, u, bk, 2)
+        v_j = lt.rows(x.v, u, bk, 2)
+        carry = (dq, jnp.zeros_like(k_j, jnp.float32), jnp.zeros_like(v_j, jnp.float32))
+        # Line 9: the query tiles that can see this key tile.
+        for span in spec.q_spans(u, bq, bk):
+            carry = lax.fori_loop(span.start, span.stop, functools.partial(q_step, span.masked, u, k_j, v_j), carry)
+        # Line 24: write dK_j, dV_j (stacked by the scan).
+        dq, dk_j, dv_j = carry
+        return dq, (dk_j, dv_j)
+
+    # Line 5: dQ = 0.
+    dq, (dk, dv) = lax.scan(kv_step, jnp.zeros_like(x.q, jnp.float32), jnp.arange(tiling.num_kv_tiles))
+    dq = lt.q_heads_last(dq, spec.q_len).astype(inputs.q.dtype)
+    return dq, lt.kv_heads_last(dk, spec.kv_len, inputs.k.dtype), lt.kv_heads_last(dv, spec.kv_len, inputs.v.dtype)
+
+
+attention = differentiable(_forward, _backward)
