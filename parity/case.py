@@ -21,9 +21,10 @@ class Case:
     no key at all). ``input_scale`` multiplies q and k, to make logits large.
     ``lse_grad`` also back-propagates a random cotangent through the lse.
     ``grads=False`` only checks that the gradients are finite: for a saturated softmax
-    in 16-bit the exact gradient is ~0 and FlashAttention's ``dS = P∘(dP − D)`` (with
-    ``D`` from the rounded output) leaves a residue of ``|dP|·u`` that no relative
-    comparison can bound; flash-attn's formulation has the same property.
+    in 16-bit (or one-hot in every row, whatever the dtype) the exact gradient is ~0 and
+    FlashAttention's ``dS = P∘(dP − D)`` (with ``D`` from the rounded output) leaves a
+    residue of ``|dP|·u`` that no relative comparison can bound; flash-attn's
+    formulation, PyTorch's SDPA and ``jax.nn.dot_product_attention`` all share it.
     """
 
     name: str

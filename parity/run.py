@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib
 import time
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -11,34 +14,146 @@ import numpy as np
 import torch
 
 import jaxtile
+from jaxtile.api import IMPLEMENTATIONS, get_implementation
 from parity import reference
 from parity.case import Case, make_inputs
 from parity.compare import Error, Tolerance, compare, finite, tolerance
 
 QUANTITIES = ("out", "lse", "dq", "dk", "dv")
 
+# A jaxtile implementation name, or a function with ``flash_attention``'s signature that
+# returns ``(out, lse)`` (it is called with ``return_lse=True``): a wrapper under test.
+Implementation = str | Callable[..., tuple[jax.Array, jax.Array]]
+
+
+def implementation_name(implementation: Implementation) -> str:
+    return implementation if isinstance(implementation, str) else implementation.__name__
+
+
+def available_implementations() -> tuple[str, ...]:
+    """jaxtile's implementations whose module exists (the kernels are written one by one)."""
+    names = []
+    for name in IMPLEMENTATIONS:
+        try:
+            get_implementation(name)
+        except ModuleNotFoundError as error:
+            if error.name != f"jaxtile.{name}":
+                raise
+            continue
+        names.append(name)
+    return tuple(names)
+
+
+def resolve_implementation(spec: str) -> Implementation:
+    """``"scan_v2"`` -> the name (checked to import); ``"module:function"`` -> the function."""
+    if ":" in spec:
+        module, _, attribute = spec.partition(":")
+        return getattr(importlib.import_module(module), attribute)
+    get_implementation(spec)
+    return spec
+
 
 @dataclasses.dataclass(frozen=True)
 class Result:
+    """Errors of one implementation on one case against the float64 reference.
+
+    ``second_opinion`` marks rows of PyTorch's or JAX's own attention (informative, they
+    do not decide pass or fail); ``agrees`` says, per second opinion that ran on the case
+    and is within tolerance of the reference, whether this implementation is within
+    tolerance of it too. ``raised`` is the exception the implementation raised instead
+    of returning (no errors then); a ``NotImplementedError`` makes the row
+    ``unsupported`` rather than failed.
+    """
+
     case: Case
     implementation: str
     errors: dict[str, Error]
     tolerance: Tolerance
     seconds: float
+    second_opinion: bool = False
+    agrees: dict[str, bool] = dataclasses.field(default_factory=dict)
+    raised: str = ""
+    unsupported: bool = False
 
     @property
     def ok(self) -> bool:
-        return all(e.ok for e in self.errors.values())
+        return not self.raised and all(e.ok for e in self.errors.values())
 
     def describe(self) -> str:
-        lines = [f"{self.case.name} [{self.implementation}, {self.case.dtype}]: {'ok' if self.ok else 'FAILED'}"]
+        verdict = "not implemented" if self.unsupported else "ok" if self.ok else "FAILED"
+        lines = [f"{self.case.name} [{self.implementation}, {self.case.dtype}]: {verdict}"]
+        if self.raised:
+            lines.append(f"  raised {self.raised}")
         tol = self.tolerance
         for name, e in self.errors.items():
             flag = "" if e.ok else "  <-- over tolerance" + (f" ({e.note})" if e.note else "")
             lines.append(
                 f"  {name:4s} rel_l2={e.rel_l2:.2e} (tol {tol.rel_l2:.1e})  max={e.max_err:.2e} (tol {tol.max_err:.1e}){flag}"
             )
+        for name, agrees in self.agrees.items():
+            lines.append(f"  {'agrees' if agrees else 'DISAGREES'} with {name} within tolerance")
         return "\n".join(lines)
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """A case, its inputs and the float64 reference's answer, computed once."""
+
+    case: Case
+    arrays: dict[str, np.ndarray | None]
+    expected: dict[str, np.ndarray]
+    tolerance: Tolerance
+
+    @classmethod
+    def create(cls, case: Case, device: str = "cpu") -> Problem:
+        arrays = make_inputs(case)
+        expected = torch_reference(case, arrays, device)
+        lse = expected["lse"]
+        tol = tolerance(case.dtype, float(np.abs(lse[np.isfinite(lse)]).max(initial=0.0)))
+        return cls(case, arrays, expected, tol)
+
+    @property
+    def has_empty_rows(self) -> bool:
+        """Whether some query sees no key at all (its reference lse is ``-inf``)."""
+        return bool(np.isneginf(self.expected["lse"]).any())
+
+    def errors(self, values: dict[str, np.ndarray], against: dict[str, np.ndarray] | None = None) -> dict[str, Error]:
+        """Errors of ``values`` (any of `QUANTITIES`) against the reference, or ``against``.
+
+        Gradients are only checked to be finite when the case says they cannot be compared.
+        """
+        expected = self.expected if against is None else against
+        return {
+            name: compare(values[name], expected[name], self.tolerance)
+            if self.case.grads or name in ("out", "lse")
+            else finite(values[name])
+            for name in QUANTITIES
+            if name in values and name in expected
+        }
+
+    def judge(self, implementation: str, values: dict[str, np.ndarray], seconds: float, **flags) -> Result:
+        return Result(self.case, implementation, self.errors(values), self.tolerance, seconds, **flags)
+
+    def agrees(self, values: dict[str, np.ndarray], other: dict[str, np.ndarray]) -> bool:
+        """Whether ``values`` are within tolerance of ``other`` on the quantities both have."""
+        return all(e.ok for e in self.errors(values, against=other).values())
+
+    def attempt(
+        self, implementation: str, function: Callable, *args, second_opinion: bool = False
+    ) -> tuple[Result, dict[str, np.ndarray] | None]:
+        """Runs ``function(*args)``, which returns values of `QUANTITIES`, and judges them.
+
+        An exception becomes a row without values: failed, or unsupported for a
+        ``NotImplementedError``. Seconds include compilation.
+        """
+        start = time.perf_counter()
+        try:
+            values = function(*args)
+        except Exception as error:
+            seconds = time.perf_counter() - start
+            flags = dict(raised=f"{type(error).__name__}: {error}", unsupported=isinstance(error, NotImplementedError))
+            return Result(self.case, implementation, {}, self.tolerance, seconds, second_opinion, **flags), None
+        return self.judge(implementation, values, time.perf_counter() - start, second_opinion=second_opinion), values
 
 
 def torch_reference(case: Case, arrays: dict, device: str = "cpu") -> dict[str, np.ndarray]:
@@ -71,21 +186,22 @@ def torch_reference(case: Case, arrays: dict, device: str = "cpu") -> dict[str, 
     return {name: x.detach().cpu().numpy() for name, x in result.items()}
 
 
-def jaxtile_result(case: Case, arrays: dict, implementation: str) -> dict[str, np.ndarray]:
+def jaxtile_result(case: Case, arrays: dict, implementation: Implementation) -> dict[str, np.ndarray]:
     """Output, lse and gradients from jaxtile, compiled once with ``jit``."""
+    if isinstance(implementation, str):
+        implementation = functools.partial(jaxtile.flash_attention, implementation=implementation)
     segment_ids = None
     if arrays["q_segment_ids"] is not None:
         segment_ids = (jnp.asarray(arrays["q_segment_ids"]), jnp.asarray(arrays["kv_segment_ids"]))
     mask = None if arrays["mask"] is None else jnp.asarray(arrays["mask"])
 
     def attend(q, k, v):
-        return jaxtile.flash_attention(
+        return implementation(
             q,
             k,
             v,
             segment_ids=segment_ids,
             mask=mask,
-            implementation=implementation,
             block_q=case.block_q,
             block_k=case.block_k,
             return_lse=True,
@@ -105,19 +221,10 @@ def jaxtile_result(case: Case, arrays: dict, implementation: str) -> dict[str, n
     return {name: np.asarray(x.astype(jnp.float32)) for name, x in zip(QUANTITIES, values)}
 
 
-def run_case(case: Case, implementation: str, device: str = "cpu") -> Result:
-    """Compares jaxtile's ``implementation`` with the torch reference on ``case``."""
-    arrays = make_inputs(case)
-    expected = torch_reference(case, arrays, device)
+def run_case(case: Case, implementation: Implementation, device: str = "cpu") -> Result:
+    """Compares jaxtile's ``implementation`` with the torch reference on ``case``
+    (exceptions propagate; the suite records them as rows instead)."""
+    problem = Problem.create(case, device)
     start = time.perf_counter()
-    actual = jaxtile_result(case, arrays, implementation)
-    seconds = time.perf_counter() - start
-    lse = expected["lse"]
-    tol = tolerance(case.dtype, float(np.abs(lse[np.isfinite(lse)]).max(initial=0.0)))
-    errors = {
-        name: compare(actual[name], expected[name], tol)
-        if case.grads or name in ("out", "lse")
-        else finite(actual[name])
-        for name in QUANTITIES
-    }
-    return Result(case, implementation, errors, tol, seconds)
+    values = jaxtile_result(case, problem.arrays, implementation)
+    return problem.judge(implementation_name(implementation), values, time.perf_counter() - start)
