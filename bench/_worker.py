@@ -1,0 +1,109 @@
+"""What both workers share: the task loop, error classes and the batch timer.
+
+A worker reads ``{"tasks": [...], "deadline": ..., "budget_s": ..., "seed": ...}`` as JSON
+on stdin and writes one JSON line per event on the stdout it started with: ``{"event":
+"start", "id": ...}`` before a measurement and ``{"event": "result", "id": ..., ...}``
+after it. Everything else the process prints (the frameworks' own logging included) goes
+to stderr, which the runner keeps in ``bench.log``. After an out-of-memory error the
+worker exits, so that the runner continues in a fresh process with clean allocator
+statistics.
+
+This module imports neither JAX nor PyTorch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+_OOM_TEXT = ("resource_exhausted", "out of memory", "outofmemory")
+_UNSUPPORTED_TEXT = ("no available kernel", "not supported", "unsupported", "notimplemented")
+
+
+def classify(exc: BaseException) -> str:
+    """``"oom"``, ``"unsupported"`` or ``"error"`` for an exception from a measurement."""
+    text = f"{type(exc).__name__}: {exc}".lower()
+    if isinstance(exc, MemoryError) or any(t in text for t in _OOM_TEXT):
+        return "oom"
+    if isinstance(exc, NotImplementedError) or any(t in text for t in _UNSUPPORTED_TEXT):
+        return "unsupported"
+    return "error"
+
+
+def failure(exc: BaseException) -> dict:
+    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+    message = f"{type(exc).__name__}: {lines[0] if lines else ''}"
+    return {"status": classify(exc), "error": message[:400]}
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    """Milliseconds per call: the median and the spread (``ms_lo``..``ms_hi``) of the
+    timed samples; ``reps`` calls were timed in all (None where the timer hides it)."""
+
+    ms: float
+    ms_lo: float
+    ms_hi: float
+    reps: int | None
+    timer: str
+
+
+def time_batches(
+    call: Callable[[], object], sync: Callable[[object], object], budget_s: float, *, warm: int = 2
+) -> Timing:
+    """Times ``call`` in batches: ``warm`` warm-up calls each followed by ``sync``, then up
+    to five batches of up to 20 calls, each batch ending in one ``sync``.
+
+    The last warm-up call estimates the cost of a call, which sizes the batches so that
+    the timed calls take about ``budget_s``. Time-boxed: a call slower than half the
+    budget is timed once more, and the last warm-up call is the second sample.
+    """
+    estimate = 0.0
+    for _ in range(warm):
+        start = time.perf_counter()
+        sync(call())
+        estimate = time.perf_counter() - start
+    slow = 2 * estimate > budget_s
+    calls = min(20, max(1, int(budget_s / (5 * max(estimate, 1e-6)))))
+    batches = 1 if slow else min(5, max(2, int(budget_s / (calls * estimate))))
+    samples = [estimate * 1e3] if slow else []
+    for _ in range(batches):
+        out = None
+        start = time.perf_counter()
+        for _ in range(calls):
+            out = None  # drop the previous result before the next call allocates its own
+            out = call()
+        sync(out)
+        samples.append((time.perf_counter() - start) / calls * 1e3)
+    timer = "last warm-up call and 1 call" if slow else f"{batches} batches of {calls} calls"
+    return Timing(statistics.median(samples), min(samples), max(samples), len(samples) * calls, timer)
+
+
+def serve(measure: Callable[[dict, dict], dict]) -> None:
+    """Runs ``measure(task, request)`` on each task from stdin; see the module doc."""
+    protocol = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    sys.stdout = sys.stderr
+    request = json.load(sys.stdin)
+
+    def emit(event: dict) -> None:
+        protocol.write(json.dumps(event) + "\n")
+
+    for task in request["tasks"]:
+        if time.time() > request["deadline"]:
+            emit({"event": "result", "id": task["id"], "status": "skipped", "error": "the run's time limit passed"})
+            continue
+        emit({"event": "start", "id": task["id"]})
+        print(f"[bench] {task['impl']} {task['mode']} {task['problem']}", file=sys.stderr, flush=True)
+        try:
+            result = measure(task, request)
+        except Exception as exc:
+            result = failure(exc)
+        emit({"event": "result", "id": task["id"], **result})
+        if result["status"] == "oom":
+            return

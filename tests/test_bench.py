@@ -1,0 +1,275 @@
+"""The benchmark suite: FLOP counts, the plan of what runs where, OOM handling, and one
+tiny run of ``python -m bench`` end to end (JSON schema, table, plots, report)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench import __main__ as cli
+from bench import _worker, catalog, report, runner
+from bench.suites import MEMORY, MODES, STANDARD, Problem
+
+ROOT = Path(__file__).resolve().parents[1]
+GPU_ENV = dict(
+    platform="gpu",
+    device="NVIDIA H100",
+    nvidia=True,
+    jaxtile={"scan_v2": None, "pallas_v1": "ModuleNotFoundError: No module named 'jaxtile.pallas_v1'"},
+    pallas_mha=None,
+    torch={"version": "2.11.0", "cuda": True},
+)
+
+
+def _problem(**changes) -> Problem:
+    base = dict(
+        batch=2, seq_len=256, num_heads=4, num_kv_heads=4, head_dim=64, causal=False, window=None, dtype="bfloat16"
+    )
+    return Problem(**{**base, **changes})
+
+
+@pytest.mark.parametrize(
+    "seq_len, causal, window",
+    [(64, False, (7, 3)), (64, True, (15, None)), (96, False, (0, 0)), (50, False, (None, 5)), (33, True, (100, None))],
+)
+def test_window_flops_count_exactly_the_visible_pairs(seq_len, causal, window):
+    p = _problem(seq_len=seq_len, causal=causal, window=window)
+    rows = np.arange(seq_len)[:, None]
+    visible = int(p.mask().visible(rows, rows.T).sum())
+    assert p.visible_pairs() == visible
+    assert p.flops("fwd") == 4 * p.batch * p.num_heads * p.head_dim * visible
+
+
+def test_flops_follow_the_flashattention_convention():
+    p = _problem(num_kv_heads=1)  # GQA: the query heads count
+    full = 4 * 2 * 256 * 256 * 4 * 64
+    assert p.flops("fwd") == full
+    assert p.flops("fwdbwd") == 3.5 * full
+    assert _problem(causal=True).flops("fwd") == full / 2
+
+
+def test_presets_match_the_issue():
+    standard = STANDARD.problems()
+    assert {(p.head_dim, p.num_heads) for p in standard} == {(64, 32), (128, 16)}
+    assert {p.batch * p.seq_len for p in standard} == {16384}
+    assert {p.seq_len for p in standard} == {1024, 4096, 16384}
+    assert {p.causal for p in standard} == {False, True}
+    assert {p.dtype for p in standard} == {"bfloat16"}
+    assert STANDARD.modes == MODES
+    memory = MEMORY.problems()
+    assert [p.seq_len for p in memory] == [512, 1024, 2048, 4096, 8192, 16384]
+    assert {(p.batch, p.num_heads, p.head_dim) for p in memory} == {(4, 12, 64)}
+    assert MEMORY.modes == ("fwdbwd",) and MEMORY.stop_at_oom
+
+
+def test_command_line_replaces_preset_values():
+    memory = cli.suites(cli.parser().parse_args(["--preset", "memory", "--max-seq-len", "4096", "--dtype", "fp16"]))
+    assert [s.name for s in memory] == ["memory"]
+    assert memory[0].seq_lens == (512, 1024, 2048, 4096) and memory[0].dtype == "float16"
+    (standard,) = cli.suites(cli.parser().parse_args(["--preset", "--head-dim", "128", "--causal", "--mode", "fwd"]))
+    assert {(p.num_heads, p.causal) for p in standard.problems()} == {(16, True)}
+    assert standard.modes == ("fwd",)
+    (window,) = cli.suites(cli.parser().parse_args(["--window", "128", "--causal", "--non-causal"]))
+    assert {p.window for p in window.problems()} == {(127, 0), (64, 64)}  # FlashTile's window_size
+
+
+def test_plan_records_what_cannot_run_here():
+    gqa = _problem(num_kv_heads=2, seq_len=1000)
+    assert catalog.unsupported("pallas_v1", gqa, "fwd", GPU_ENV).startswith("module does not import")
+    assert catalog.unsupported("scan_v2", gqa, "fwd", GPU_ENV) is None
+    assert "grouped-query" in catalog.unsupported("pallas.mha", gqa, "fwd", GPU_ENV)
+    assert "multiple of its block 128" in catalog.unsupported("pallas.mha", _problem(seq_len=1000), "fwd", GPU_ENV)
+    assert catalog.unsupported("pallas.mha", _problem(seq_len=64), "fwdbwd", GPU_ENV) is None
+    assert "float32" in catalog.unsupported("jax.cudnn", _problem(dtype="float32"), "fwd", GPU_ENV)
+    assert "window" in catalog.unsupported("torch.flash", _problem(window=(8, 0)), "fwd", GPU_ENV)
+    assert catalog.defaults(GPU_ENV) == [
+        "scan_v2",
+        "jax.xla",
+        "jax.cudnn",
+        "pallas.mha",
+        "torch.flash",
+        "torch.cudnn",
+        "torch.efficient",
+    ]
+    cpu = dict(GPU_ENV, platform="cpu", nvidia=False, torch={"version": "2.13.0", "cuda": False})
+    assert catalog.defaults(cpu) == ["scan_v2", "jax.xla", "torch.math"]
+    assert catalog.unsupported("jax.cudnn", _problem(), "fwd", cpu) == "needs a GPU"
+
+
+@pytest.mark.parametrize(
+    "message, status",
+    [
+        ("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 34359738368 bytes.", "oom"),
+        ("CUDA out of memory. Tried to allocate 32.00 GiB", "oom"),
+        ("No available kernel. Aborting execution.", "unsupported"),
+        ("INTERNAL: something broke", "error"),
+    ],
+)
+def test_errors_are_classified(message, status):
+    assert _worker.classify(RuntimeError(message)) == status
+
+
+def test_an_oom_in_a_sweep_skips_its_longer_lengths():
+    tasks, _ = runner.plan([MEMORY.replace(seq_lens=(512, 1024, 2048))], ["scan_v2", "jax.xla"], GPU_ENV)
+    seen = []
+    run = runner.Runner(
+        GPU_ENV, log=None, budget_s=0, timeout_s=0, deadline=0, seed=0, on_record=lambda t, r: seen.append(r)
+    )
+    pending = {t.id: t for t in tasks}
+    failed = next(t for t in tasks if t.impl == "jax.xla" and t.problem.seq_len == 1024)
+    del pending[failed.id]
+    run._skip_longer(failed, pending)
+    assert [(r["impl"], r["seq_len"], r["status"]) for r in seen] == [("jax.xla", 2048, "skipped")]
+    assert len(pending) == 4
+
+
+def test_workers_run_one_implementation_each_on_a_gpu_smallest_first():
+    tasks, _ = runner.plan([STANDARD], ["scan_v2", "jax.xla", "torch.flash", "torch.cudnn"], GPU_ENV)
+    groups = runner._groups(tasks, on_gpu=True)
+    assert [(module, {t.impl for t in ts}) for module, ts in groups] == [
+        ("bench.torch_worker", {"torch.flash", "torch.cudnn"}),
+        ("bench.jax_worker", {"jax.xla"}),
+        ("bench.jax_worker", {"scan_v2"}),
+    ]
+    sizes = [t.size() for t in groups[1][1]]
+    assert sizes == sorted(sizes)
+
+
+def _record(impl: str, mode: str, ms: float, **problem) -> dict:
+    p = _problem(**problem)
+    r = dict(suite="standard", impl=impl, mode=mode, **p.as_dict(), flops=p.flops(mode))
+    r.update(dict.fromkeys(runner.RESULT_FIELDS), status="ok", ms=ms, ms_lo=ms, ms_hi=ms, peak_exact=True)
+    r["tflops"] = r["flops"] / ms / 1e9
+    return r
+
+
+def test_report_ratios_are_speed_relative_to_the_baseline():
+    records = [_record("scan_v2", "fwd", 2.0), _record("jax.cudnn", "fwd", 1.0)]
+    records += [_record("scan_v2", "fwd", 4.0, seq_len=512), _record("jax.cudnn", "fwd", 1.0, seq_len=512)]
+    results = dict(
+        date="2026-11-22T00:00:00+00:00",
+        command="python -m bench",
+        environment=dict(device="NVIDIA H100", versions={"jax": "0.11.2"}),
+        conventions=cli.CONVENTIONS,
+        config=dict(suites=[STANDARD.replace(modes=("fwd",)).as_dict()]),
+        measurements=records,
+    )
+    text = report.render(results)
+    summary = next(line for line in text.splitlines() if line.startswith("| scan_v2 |"))
+    assert summary.endswith("| 0.35× |")  # geometric mean of 0.5 and 0.25
+    assert "| jax.cudnn |" in text and "vs jax.cudnn" in text
+
+
+def test_tiny_run_end_to_end(tmp_path):
+    """``python -m bench --quick`` shrunk further (both suites, five implementations), then
+    its JSON, table, plots and the report made from it."""
+    impls = ["reference", "scan_v2", "jax.xla", "torch.math", "pallas.mha"]
+    command = [
+        sys.executable,
+        "-m",
+        "bench",
+        "--quick",
+        "--seq-lens",
+        "32",
+        "64",
+        "--head-dim",
+        "16",
+        "--save-dir",
+        str(tmp_path),
+    ]
+    for impl in impls:
+        command += ["--impl", impl]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["schema"] == "jaxtile-bench/1" and results["complete"]
+    assert {"date", "command", "wall_s", "config", "environment", "conventions"} <= results.keys()
+    env = results["environment"]
+    assert env["platform"] == "cpu" and {"jax", "jaxlib", "torch"} <= env["versions"].keys()
+    assert [s["name"] for s in results["config"]["suites"]] == ["standard", "memory"]
+    records = results["measurements"]
+    # standard: 2 lengths × 2 modes, memory: 2 lengths × forward+backward; 5 implementations
+    assert len(records) == (2 * 2 + 2) * len(impls)
+    for r in records:
+        assert r["status"] in runner.STATUSES
+        assert set(runner.RESULT_FIELDS) <= r.keys()
+        assert r["flops"] == Problem.from_dict(r).flops(r["mode"])
+        if r["impl"] == "pallas.mha":
+            assert r["status"] == "unsupported" and r["error"] == "needs a GPU"
+            continue
+        assert r["status"] == "ok", r
+        assert 0 < r["ms_lo"] <= r["ms"] <= r["ms_hi"]
+        assert r["tflops"] == pytest.approx(r["flops"] / r["ms"] / 1e9)
+        if r["framework"] == "torch":
+            assert r["peak_bytes"] is None
+        else:
+            assert r["compile_s"] > 0 and r["peak_source"] == "compiled"
+            inputs = (
+                (4 if r["mode"] == "fwdbwd" else 3) * r["batch"] * r["seq_len"] * r["num_heads"] * r["head_dim"] * 4
+            )
+            assert r["peak_bytes"] > inputs
+    assert "[memory] batch 1 · seq 64" in done.stdout and "fwdbwd TFLOP/s" in done.stdout
+    for name in ("time.png", "tflops.png", "memory.png", "dashboard.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+
+    command = [sys.executable, "-m", "bench.report", str(tmp_path / "results.json"), "--baseline", "jax.xla"]
+    text = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60, check=True).stdout
+    assert "### standard suite" in text and "### memory suite" in text
+    assert "| implementation | fwd TFLOP/s | fwd vs jax.xla | fwdbwd TFLOP/s | fwdbwd vs jax.xla |" in text
+    assert "Peak memory, fwdbwd" in text
+    for impl in ("reference", "scan_v2", "jax.xla", "torch.math"):
+        assert f"| {impl} |" in text
+    assert "| pallas.mha | n/a |" in text
+
+
+FAKE_WORKER = """
+import os, time
+from bench import _worker
+
+def measure(task, request):
+    kind = task["impl"]
+    if kind == "oom":
+        raise MemoryError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1 bytes.")
+    if kind == "crash":
+        os._exit(3)
+    if kind == "hang":
+        time.sleep(60)
+    return dict(status="ok", ms=1.0, ms_lo=1.0, ms_hi=1.0, pid=os.getpid())
+
+_worker.serve(measure)
+"""
+
+
+def test_runner_survives_oom_crash_and_hang(tmp_path, monkeypatch):
+    """A fresh worker after each OOM, crash and time-out; every task gets a record."""
+    (tmp_path / "fake_worker.py").write_text(FAKE_WORKER)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    kinds = ["ok", "oom", "ok", "crash", "ok", "hang", "ok"]
+    tasks = [runner.Task(i, "standard", kind, "fwd", _problem(), False) for i, kind in enumerate(kinds)]
+    seen = []
+    run = runner.Runner(
+        GPU_ENV,
+        log=sys.stderr,
+        budget_s=0,
+        timeout_s=3,
+        deadline=runner.deadline_after(None),
+        seed=0,
+        on_record=lambda task, record: seen.append((task.impl, record["status"])),
+    )
+    run.run_group("fake_worker", tasks)
+    assert seen == [
+        ("ok", "ok"),
+        ("oom", "oom"),
+        ("ok", "ok"),
+        ("crash", "error"),
+        ("ok", "ok"),
+        ("hang", "timeout"),
+        ("ok", "ok"),
+    ]
+    assert "exited with code 3" in run.records[3]["error"]
