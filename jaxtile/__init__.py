@@ -2,6 +2,7 @@
 
 from jaxtile.api import IMPLEMENTATIONS, flash_attention
 from jaxtile.mask import MaskSpec
+from jaxtile.ring import ring_attention
 
-__all__ = ["IMPLEMENTATIONS", "MaskSpec", "flash_attention"]
+__all__ = ["IMPLEMENTATIONS", "MaskSpec", "flash_attention", "ring_attention"]
 __version__ = "0.1.0"

@@ -6,8 +6,9 @@ import importlib
 
 import jax
 
-from jaxtile import _inputs
+from jaxtile import _inputs, _sharding
 from jaxtile._core import Attention
+from jaxtile.tuning import Tuning
 
 IMPLEMENTATIONS = ("reference", "scan_v1", "scan_v2", "pallas_v1", "pallas_v2")
 _PALLAS = frozenset({"pallas_v1", "pallas_v2"})
@@ -47,6 +48,7 @@ def flash_attention(
     block_q: int | None = None,
     block_k: int | None = None,
     return_lse: bool = False,
+    tuning: Tuning | str | None = None,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Exact attention ``softmax(scale · q kᵀ) v``, computed tile by tile.
 
@@ -71,6 +73,9 @@ def flash_attention(
         ``"pallas_v2"``, or None for the fastest on the arrays' platform.
       block_q, block_k: tile sizes; None picks a default for the shape and device.
       return_lse: also return the log-sum-exp of each row.
+      tuning: launch parameters of the Pallas kernels: None (a table measured on
+        Hopper), a `jaxtile.tuning.Tuning`, or ``"autotune"`` (time candidates once per
+        shape on the GPU and cache the fastest). Other implementations ignore it.
 
     Returns:
       ``out [batch..., q_len, num_heads, head_dim_v]`` in the query's dtype, and with
@@ -95,9 +100,10 @@ def flash_attention(
         scale=scale,
         block_q=block_q,
         block_k=block_k,
+        tuning=tuning,
         platform=platform,
     )
-    out, lse = attend(inputs, config)
+    out, lse = _sharding.partitioned(attend)(inputs, config)
     out = out.reshape(*batch, *out.shape[1:])
     if not return_lse:
         return out

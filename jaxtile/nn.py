@@ -1,0 +1,211 @@
+"""Flax NNX layers on jaxtile: ``pip install jaxtile[flax]``.
+
+* `Attention`: multi-head (GQA/MQA) self-attention in FlashTile's shape, with a fused
+  ``qkv_proj`` or separate ``q_proj``/``k_proj``/``v_proj`` and an ``out_proj``, whose
+  weights load from the matching PyTorch state dict (`Attention.load_torch_state_dict`).
+* `attention_fn`: a drop-in for ``flax.nnx.dot_product_attention``, so that
+  ``nnx.MultiHeadAttention(..., attention_fn=jaxtile.nn.attention_fn)`` runs on jaxtile.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from flax.nnx.nn import dtypes
+
+from jaxtile.api import flash_attention
+
+
+def attention_fn(
+    query: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    bias: jax.Array | None = None,
+    mask: jax.Array | None = None,
+    broadcast_dropout: bool = True,
+    dropout_rng: jax.Array | None = None,
+    dropout_rate: float = 0.0,
+    deterministic: bool = False,
+    dtype: Any = None,
+    precision: Any = None,
+    module: nnx.Module | None = None,
+    promote_dtype=dtypes.promote_dtype,
+    is_causal: bool = False,
+    *,
+    implementation: str | None = None,
+    block_q: int | None = None,
+    block_k: int | None = None,
+) -> jax.Array:
+    """``flax.nnx.dot_product_attention`` computed by `jaxtile.flash_attention`.
+
+    Same arguments and layout: ``query [batch..., q_len, num_heads, head_dim]``, key and
+    value ``[batch..., kv_len, num_heads, head_dim]``, ``mask`` broadcastable to
+    ``[batch..., num_heads, q_len, kv_len]`` (nonzero = attend), ``is_causal`` aligned
+    top-left like ``jax.nn.dot_product_attention``. jaxtile's own options go through
+    ``functools.partial(attention_fn, implementation=..., block_q=..., block_k=...)``.
+    ``precision`` is ignored: jaxtile always accumulates in float32. A query that sees
+    no key gets output 0 (Flax's default gives it the mean of all values).
+
+    Raises:
+      NotImplementedError: for an additive ``bias``, active dropout, or ``module`` (Flax's
+        ``sow_weights``): jaxtile never forms the attention weights.
+    """
+    if bias is not None:
+        raise NotImplementedError("attention_fn: an additive attention bias is not supported; pass a boolean mask")
+    if dropout_rate > 0.0 and not deterministic:
+        raise NotImplementedError(f"attention_fn: attention dropout is not supported ({dropout_rate=})")
+    if module is not None:
+        raise NotImplementedError("attention_fn: sow_weights is not supported; the attention weights are never formed")
+    query, key, value = promote_dtype((query, key, value), dtype=dtype)
+    q_len, kv_len = query.shape[-3], key.shape[-3]
+    if mask is not None:
+        mask = mask.astype(jnp.bool_)
+    if is_causal and q_len != kv_len:
+        top_left = jnp.tril(jnp.ones((q_len, kv_len), jnp.bool_))
+        mask = top_left if mask is None else mask & top_left
+    return flash_attention(
+        query,
+        key,
+        value,
+        causal=is_causal and q_len == kv_len,
+        mask=mask,
+        implementation=implementation,
+        block_q=block_q,
+        block_k=block_k,
+    )
+
+
+class Attention(nnx.Module):
+    """Multi-head self-attention in FlashTile's shape, computed by `jaxtile.flash_attention`.
+
+    ``x [batch..., len, embed_dim]`` is projected to queries (``num_heads`` heads) and
+    keys and values (``num_kv_heads`` heads, GQA/MQA when fewer), of ``head_dim`` each;
+    the attention output ``[batch..., len, num_heads * head_dim]`` goes through
+    ``out_proj`` back to ``embed_dim``. Projections are either one fused ``qkv_proj``
+    with outputs ordered ``[q heads | k heads | v heads]`` (FlashTile's ``BaseAttention``
+    layout when ``num_kv_heads == num_heads``), or ``q_proj``, ``k_proj``, ``v_proj``
+    (FlashTile's ``GroupedQueryAttention``).
+
+    Args:
+      embed_dim: model width.
+      num_heads: query heads.
+      num_kv_heads: key/value heads, dividing ``num_heads``; default ``num_heads``.
+      head_dim: default ``embed_dim // num_heads``.
+      causal, window, logits_soft_cap, implementation, block_q, block_k: passed to
+        `jaxtile.flash_attention` (``window`` in its ``(left, right)`` convention).
+      bias: whether the projections have biases.
+      fused_qkv: one ``qkv_proj`` instead of three.
+      dtype, param_dtype, precision: as for ``nnx.Linear``.
+      rngs: initialisation randomness.
+    """
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        *,
+        num_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        causal: bool = False,
+        window: int | tuple[int | None, int | None] | None = None,
+        logits_soft_cap: float | None = None,
+        bias: bool = True,
+        fused_qkv: bool = True,
+        implementation: str | None = None,
+        block_q: int | None = None,
+        block_k: int | None = None,
+        dtype: Any = None,
+        param_dtype: Any = jnp.float32,
+        precision: Any = None,
+        rngs: nnx.Rngs,
+    ):
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if head_dim is None:
+            if embed_dim % num_heads:
+                raise ValueError(f"{embed_dim=} is not a multiple of {num_heads=}; pass head_dim")
+            head_dim = embed_dim // num_heads
+        if num_heads % num_kv_heads:
+            raise ValueError(f"{num_heads=} is not a multiple of {num_kv_heads=}")
+        self.embed_dim, self.num_heads, self.num_kv_heads, self.head_dim = embed_dim, num_heads, num_kv_heads, head_dim
+        self.fused_qkv = fused_qkv
+        self.options = dict(
+            causal=causal,
+            window=window,
+            logits_soft_cap=logits_soft_cap,
+            implementation=implementation,
+            block_q=block_q,
+            block_k=block_k,
+        )
+        linear = functools.partial(
+            nnx.Linear, use_bias=bias, dtype=dtype, param_dtype=param_dtype, precision=precision, rngs=rngs
+        )
+        q_width, kv_width = num_heads * head_dim, num_kv_heads * head_dim
+        if fused_qkv:
+            self.qkv_proj = linear(embed_dim, q_width + 2 * kv_width)
+        else:
+            self.q_proj = linear(embed_dim, q_width)
+            self.k_proj = linear(embed_dim, kv_width)
+            self.v_proj = linear(embed_dim, kv_width)
+        self.out_proj = linear(q_width, embed_dim)
+
+    def __call__(
+        self,
+        x: jax.Array,
+        *,
+        segment_ids: jax.Array | None = None,
+        mask: jax.Array | None = None,
+    ) -> jax.Array:
+        """``x [batch..., len, embed_dim]`` -> ``[batch..., len, embed_dim]``.
+
+        ``segment_ids [batch..., len]`` and ``mask`` (bool, True = attend) are passed to
+        `jaxtile.flash_attention`.
+        """
+        q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        if self.fused_qkv:
+            qkv = self.qkv_proj(x)
+            q, k, v = qkv[..., :q_width], qkv[..., q_width : q_width + kv_width], qkv[..., q_width + kv_width :]
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.reshape(*q.shape[:-1], self.num_heads, self.head_dim)
+        k = k.reshape(*k.shape[:-1], self.num_kv_heads, self.head_dim)
+        v = v.reshape(*v.shape[:-1], self.num_kv_heads, self.head_dim)
+        out = flash_attention(q, k, v, segment_ids=segment_ids, mask=mask, **self.options)
+        return self.out_proj(out.reshape(*out.shape[:-2], q_width))
+
+    def load_torch_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Copies the weights of a PyTorch module of the same shape into this layer.
+
+        ``state_dict`` holds ``{name}.weight`` ``[out_features, in_features]`` (and
+        ``{name}.bias``) for each projection of this layer (``qkv_proj`` or
+        ``q_proj``/``k_proj``/``v_proj``, and ``out_proj``), as torch tensors or arrays;
+        torch's ``nn.Linear`` stores the transpose of ``nnx.Linear``'s kernel. Other
+        keys (e.g. FlashTile's buffers) are ignored; missing or misshapen ones raise.
+        """
+        names = ("qkv_proj",) if self.fused_qkv else ("q_proj", "k_proj", "v_proj")
+        for name in (*names, "out_proj"):
+            layer = getattr(self, name)
+            params = [("weight", layer.kernel, True)]
+            if layer.bias is not None:
+                params.append(("bias", layer.bias, False))
+            for suffix, param, transpose in params:
+                key = f"{name}.{suffix}"
+                if key not in state_dict:
+                    raise KeyError(f"state_dict has no {key!r}; it has {sorted(state_dict)}")
+                array = _numpy(state_dict[key])
+                needed = param.shape[::-1] if transpose else param.shape
+                if array.shape != needed:
+                    raise ValueError(f"{key} has shape {array.shape}; this layer needs {needed}")
+                param[...] = jnp.asarray(array.T if transpose else array, param.dtype)
+
+
+def _numpy(x) -> np.ndarray:
+    """A torch tensor (on any device) or an array, as NumPy."""
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().numpy()
+    return np.asarray(x)

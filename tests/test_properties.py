@@ -1,0 +1,132 @@
+"""Property-based parity: random problems, every implementation against the float64 reference.
+
+Hypothesis draws a `parity.case.Case`: lengths 1..300 (1..100 for the Pallas kernels,
+which run interpreted off-GPU), q_len != kv_len or equal, head dims 8..160 (v's may
+differ), any GQA ratio, 0-2 leading batch dims, every dtype, causal, windows (one side
+possibly unbounded), 1-5 packed segments, dense masks, soft caps, scales (negative too)
+and tile sizes (any positive size for the lax loops; None or powers of two >= 16 for
+the Pallas kernels). `parity.run.run_case` compares out, lse, dq, dk and dv with the
+tolerances of `parity.compare`.
+
+The gradient comparison is kept meaningful: inputs are standard normal (the softmax is
+never one-hot, see ``Case.grads``), and when some query sees exactly one key its exact
+``dS`` is 0 (``dq`` entirely 0 when every query does), so such cases also differentiate
+the lse (``lse_grad``), which gives every row a gradient of order 1.
+
+The budget is fixed and reproducible: ``derandomize`` draws the same examples on every
+run, `EXAMPLES` per implementation. ``JAXTILE_HYPOTHESIS_EXAMPLES=N`` runs N examples
+per implementation instead; ``JAXTILE_HYPOTHESIS_SEED=S`` draws a different reproducible
+set (both print the falsifying `Case` on failure: rerun it with ``run_case``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import strategies as st
+
+from jaxtile.mask import MaskSpec
+from parity.case import DTYPES, Case, make_inputs
+from parity.run import run_case
+
+# CI budget per implementation: ~1-2 s per example for the lax loops and the reference,
+# ~2-3 s for the interpreted Pallas kernels.
+EXAMPLES = {"reference": 12, "scan_v1": 20, "scan_v2": 20, "pallas_v1": 10, "pallas_v2": 10}
+MAX_LEN = {False: 300, True: 100}
+PALLAS_BLOCKS = (None, 16, 32, 64, 128)
+
+
+def _lengths(length: int) -> st.SearchStrategy:
+    """Any positive tile for the lax loops, at most ~32 tiles per sequence (the loops
+    are unrolled into one step per tile pair; more only slows the test)."""
+    return st.one_of(st.none(), st.integers(max(1, math.ceil(length / 32)), length + 8))
+
+
+def _window(max_len: int) -> st.SearchStrategy:
+    side = st.one_of(st.none(), st.integers(0, max_len))
+    return st.one_of(st.none(), st.integers(0, max_len), st.tuples(side, side))
+
+
+@st.composite
+def cases(draw, pallas: bool) -> Case:
+    max_len = MAX_LEN[pallas]
+    q_len = draw(st.integers(1, max_len))
+    kv_len = draw(st.one_of(st.none(), st.integers(1, max_len)))
+    num_kv_heads = draw(st.integers(1, 3))
+    head_dim = draw(st.integers(8, 160))
+    blocks = st.sampled_from(PALLAS_BLOCKS) if pallas else None
+    case = Case(
+        "hypothesis",
+        batch=tuple(draw(st.lists(st.integers(1, 2), max_size=2))),
+        q_len=q_len,
+        kv_len=kv_len,
+        num_heads=num_kv_heads * draw(st.integers(1, 4)),
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        head_dim_v=draw(st.one_of(st.none(), st.integers(8, 160))),
+        dtype=draw(st.sampled_from(sorted(DTYPES))),
+        causal=draw(st.booleans()),
+        window=draw(_window(max_len)),
+        segments=draw(st.one_of(st.just(0), st.integers(1, 5))),
+        mask=draw(st.sampled_from((None, None, "random", "padding", "empty_rows"))),
+        logits_soft_cap=draw(st.one_of(st.none(), st.floats(1.0, 50.0))),
+        scale=draw(st.one_of(st.none(), st.floats(-0.4, 0.4))),
+        lse_grad=draw(st.booleans()),
+        block_q=draw(blocks or _lengths(q_len)),
+        block_k=draw(blocks or _lengths(kv_len or q_len)),
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )
+    if not case.lse_grad and _some_row_sees_one_key(case):
+        case = case.replace(lse_grad=True)
+    return case
+
+
+def _some_row_sees_one_key(case: Case) -> bool:
+    """Whether some query of the case sees exactly one key (its exact dS is 0)."""
+    arrays = make_inputs(case)
+    spec = MaskSpec.create(
+        case.q_len,
+        case.kv,
+        causal=case.causal,
+        window=case.window,
+        has_segments=arrays["q_segment_ids"] is not None,
+        has_dense_mask=arrays["mask"] is not None,
+    )
+    q_ids, kv_ids = arrays["q_segment_ids"], arrays["kv_segment_ids"]
+    visible = spec.visible(
+        np.arange(case.q_len)[:, None],
+        np.arange(case.kv)[None, :],
+        q_segment=None if q_ids is None else q_ids[..., None, :, None],
+        kv_segment=None if kv_ids is None else kv_ids[..., None, None, :],
+        dense=arrays["mask"],
+    )
+    return bool((np.sum(visible, axis=-1) == 1).any())
+
+
+def _budget(implementation: str):
+    """The examples' settings: the fixed CI set, or ``JAXTILE_HYPOTHESIS_*``'s."""
+    examples = int(os.environ.get("JAXTILE_HYPOTHESIS_EXAMPLES", EXAMPLES[implementation]))
+    chosen_seed = os.environ.get("JAXTILE_HYPOTHESIS_SEED")
+    budget = settings(
+        max_examples=examples,
+        derandomize=chosen_seed is None,
+        database=None,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+    if chosen_seed is None:
+        return budget
+    return lambda test: seed(int(chosen_seed))(budget(test))
+
+
+def test_random_problems_match_float64_reference(impl):
+    @_budget(impl.name)
+    @given(cases(impl.pallas))
+    def check(case: Case):
+        result = run_case(case, impl.name)
+        assert result.ok, f"{case}\n{result.describe()}"
+
+    check()

@@ -1,0 +1,163 @@
+"""``flash_attention`` on arrays sharded over a device mesh along batch and heads.
+
+Each device must compute its own shard: the compiled program may not gather q, k or v
+(no all-gather, collective-permute or all-to-all), forward or backward, under ``jit``
+with shardings and inside ``shard_map``. The only communication allowed is the sum of
+dK and dV over head shards when several devices share one kv head (MQA, or GQA with more
+head shards than kv heads). Results must equal the unsharded computation.
+
+The checks run on 8 CPU host devices in a subprocess (see ``host_devices``), for every
+implementation whose module exists (Pallas ones in interpret mode).
+"""
+
+from __future__ import annotations
+
+import host_devices
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jaxtile
+from jaxtile import api
+from parity.compare import TOLERANCES, compare
+
+GATHERS = ("all-gather", "collective-permute", "all-to-all")
+BATCH, LEN, HEADS, DIM = 4, 32, 8, 16
+
+
+def _available() -> list[str]:
+    names = []
+    for name in api.IMPLEMENTATIONS:
+        try:
+            api.get_implementation(name)
+        except ModuleNotFoundError:
+            continue
+        names.append(name)
+    return names
+
+
+def _pallas() -> list[str]:
+    return [name for name in _available() if name.startswith("pallas")]
+
+
+def _mesh() -> Mesh:
+    return Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "model"))
+
+
+def _arrays(num_kv_heads: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((BATCH, LEN, HEADS, DIM))
+    k = rng.standard_normal((BATCH, LEN, num_kv_heads, DIM))
+    v = rng.standard_normal((BATCH, LEN, num_kv_heads, DIM))
+    dout = rng.standard_normal((BATCH, LEN, HEADS, DIM))
+    return tuple(jnp.asarray(x, jnp.float32) for x in (q, k, v, dout))
+
+
+def _forward_backward(implementation: str, **options):
+    """``(q, k, v, dout) -> (out, dq, dk, dv)``."""
+
+    def run(q, k, v, dout):
+        def attend(q, k, v):
+            return jaxtile.flash_attention(q, k, v, implementation=implementation, block_q=16, block_k=16, **options)
+
+        out, vjp = jax.vjp(attend, q, k, v)
+        return (out, *vjp(dout))
+
+    return run
+
+
+def _assert_matches(got, expected, what: str):
+    for name, x, ref in zip(("out", "dq", "dk", "dv"), got, expected):
+        error = compare(np.asarray(x), np.asarray(ref), TOLERANCES["float32"])
+        assert error.ok, f"{what}: {name} differs from the unsharded result: {error}"
+
+
+def _check_jit(implementation: str, num_kv_heads: int, kv_spec: P, **options):
+    """Sharded jit: same values and shardings as unsharded, and no gather of q, k, v."""
+    mesh = _mesh()
+    q_spec = P("data", None, "model")
+    args = _arrays(num_kv_heads)
+    fn = _forward_backward(implementation, **options)
+    expected = jax.jit(fn)(*args)
+    specs = (q_spec, kv_spec, kv_spec, q_spec)
+    sharded = jax.jit(fn, in_shardings=tuple(NamedSharding(mesh, s) for s in specs))
+    what = f"{implementation}, {num_kv_heads} kv heads sharded {kv_spec}, {options}"
+    compiled = sharded.lower(*args).compile()
+    counts = host_devices.collectives(compiled.as_text())
+    assert not any(counts[name] for name in GATHERS), f"{what}: {counts}"
+    shared_kv = kv_spec != q_spec
+    assert shared_kv or counts["all-reduce"] == 0, f"{what}: {counts}"
+    got = compiled(*args)
+    # The partitioner may lay out a summed dK, dV as it likes; everything else keeps its sharding.
+    out_specs = (q_spec, q_spec) if shared_kv else (q_spec, q_spec, kv_spec, kv_spec)
+    for x, spec in zip(got, out_specs):
+        assert x.sharding.is_equivalent_to(NamedSharding(mesh, spec), x.ndim), f"{what}: {x.sharding} != {spec}"
+    _assert_matches(got, expected, what)
+
+
+def check_jit_batch_and_heads_every_implementation():
+    for implementation in _available():
+        _check_jit(implementation, HEADS, P("data", None, "model"), causal=True)
+
+
+def check_jit_grouped_kv_heads_split_over_devices():
+    # 4 kv heads over 4 head shards: every device holds the kv head of its 2 query heads.
+    for implementation in ("scan_v2", *_pallas()):
+        _check_jit(implementation, 4, P("data", None, "model"), window=(5, 3))
+
+
+def check_jit_kv_heads_shared_by_head_shards():
+    # MQA, and 2 kv heads over 4 head shards: k, v replicated over "model"; each device
+    # uses one kv head, and dK, dV are summed over the head shards.
+    _check_jit("scan_v2", 2, P("data"), causal=True)
+    for implementation in _pallas():
+        _check_jit(implementation, 1, P("data"), causal=True)
+
+
+def check_jit_with_gspmd_partitioner():
+    previous = jax.config.jax_use_shardy_partitioner
+    jax.config.update("jax_use_shardy_partitioner", False)
+    try:
+        _check_jit("scan_v2", HEADS, P("data", None, "model"), causal=True)
+        _check_jit("scan_v2", 1, P("data"), causal=True)
+    finally:
+        jax.config.update("jax_use_shardy_partitioner", previous)
+
+
+def _check_vma(implementation: str) -> bool:
+    """Pallas interpret mode runs kernels in a while loop whose carries drop the inputs'
+    varying mesh axes (a JAX interpreter limitation; compiled kernels keep them)."""
+    return not implementation.startswith("pallas")
+
+
+def check_shard_map():
+    mesh = _mesh()
+    spec = P("data", None, "model")
+    args = _arrays(HEADS, seed=1)
+    for implementation in ("scan_v2", *_pallas()):
+        fn = _forward_backward(implementation, causal=True)
+        mapped = jax.jit(
+            jax.shard_map(
+                fn, mesh=mesh, in_specs=(spec,) * 4, out_specs=(spec,) * 4, check_vma=_check_vma(implementation)
+            )
+        )
+        compiled = mapped.lower(*args).compile()
+        counts = host_devices.collectives(compiled.as_text())
+        assert not any(counts.values()), f"{implementation} in shard_map: {counts}"
+        _assert_matches(compiled(*args), jax.jit(fn)(*args), f"{implementation} in shard_map")
+
+
+def check_sequence_sharding_is_gathered_correctly():
+    # Sequences are not split by flash_attention (ring_attention does that); a sequence-
+    # sharded input is gathered and the result is still exact.
+    mesh = _mesh()
+    spec = NamedSharding(mesh, P("data", "model"))
+    args = _arrays(2, seed=2)
+    fn = _forward_backward("scan_v2", causal=True)
+    _assert_matches(jax.jit(fn, in_shardings=(spec,) * 4)(*args), jax.jit(fn)(*args), "sequence-sharded")
+
+
+def test_on_eight_host_devices():
+    host_devices.assert_checks_pass(__file__)
