@@ -143,8 +143,9 @@ def memory_usage(
     Args:
       query, key, value: arrays or anything with ``shape`` and ``dtype`` (such as
         ``jax.ShapeDtypeStruct``), shaped as for `jaxtile.flash_attention`.
-      implementation: ``"reference"``, ``"scan_v1"`` or ``"scan_v2"``.
-      block_q, block_k: the tiles of the ``scan`` implementations (None: their default).
+      implementation: one of `jaxtile.IMPLEMENTATIONS`.
+      block_q, block_k: the tiles of the ``scan`` implementations (None: their default;
+        the Pallas kernels' memory does not depend on their tiles).
       backward: the forward and backward pass together, as ``jax.vjp`` runs them.
     """
     *batch, q_len, num_heads, head_dim = query.shape
@@ -171,11 +172,30 @@ def memory_usage(
         default = module.DEFAULT_BLOCK
         tiling = Tiling(min(block_q or default, q_len), min(block_k or default, kv_len), q_len, kv_len)
         residuals, temporaries = _lax_tiles(shape, tiling, implementation == "scan_v1", backward)
+    elif implementation in ("pallas_v1", "pallas_v2"):
+        residuals, temporaries = _kernels(shape, implementation == "pallas_v1", backward)
     else:
-        raise NotImplementedError(
-            f"memory_usage knows implementation='reference', 'scan_v1' and 'scan_v2'; got {implementation=}"
-        )
+        raise ValueError(f"unknown {implementation=}")
     return MemoryUsage(inputs, outputs, residuals, temporaries)
+
+
+def _kernels(shape: _Shape, fa1: bool, backward: bool) -> tuple[int, int]:
+    """Residuals and temporaries of the Pallas kernels: O(N) rows, nothing per tile
+    (tiles live in registers and shared memory).
+
+    FlashAttention-2 writes out and lse directly; its backward pass adds ``D`` and the
+    base-2 lse, one float32 row each. FlashAttention-1 keeps the running output in a
+    float32 buffer with ``m`` and ``l`` (forward) and accumulates dQ in float32 beside
+    ``m`` and ``1/l`` (backward).
+    """
+    row = shape.batch * shape.num_heads * shape.q_len * _F32
+    stats = 2 if fa1 else 1
+    forward = shape.q(shape.head_dim_v, _F32) + 2 * row if fa1 else 0
+    if not backward:
+        return 0, forward
+    residuals = shape.q(shape.head_dim_v, shape.itemsize) + stats * row
+    backward_temps = (shape.q(shape.head_dim, _F32) if fa1 else 0) + 2 * row
+    return residuals, max(forward, backward_temps)
 
 
 def _materialised(shape: _Shape, backward: bool) -> tuple[int, int]:

@@ -13,8 +13,8 @@ never one-hot, see ``Case.grads``), and when some query sees exactly one key its
 ``dS`` is 0 (``dq`` entirely 0 when every query does), so such cases also differentiate
 the lse (``lse_grad``), which gives every row a gradient of order 1.
 
-The budget is fixed and reproducible: ``derandomize`` draws the same examples on every
-run, `EXAMPLES` per implementation. ``JAXTILE_HYPOTHESIS_EXAMPLES=N`` runs N examples
+The budget is fixed and reproducible: a fixed seed per implementation draws the same
+`EXAMPLES` on every run. ``JAXTILE_HYPOTHESIS_EXAMPLES=N`` runs N examples
 per implementation instead; ``JAXTILE_HYPOTHESIS_SEED=S`` draws a different reproducible
 set (both print the falsifying `Case` on failure: rerun it with ``run_case``).
 """
@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import math
 import os
+import zlib
 
-import numpy as np
+import jax.numpy as jnp
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
@@ -40,14 +41,20 @@ PALLAS_BLOCKS = (None, 16, 32, 64, 128)
 
 
 def _lengths(length: int) -> st.SearchStrategy:
-    """Any positive tile for the lax loops, at most ~32 tiles per sequence (the loops
-    are unrolled into one step per tile pair; more only slows the test)."""
+    """Any positive tile for the lax loops, at most ~32 tiles per sequence (each pair of
+    tiles is one loop step on the CPU: tinier tiles only slow the test down)."""
     return st.one_of(st.none(), st.integers(max(1, math.ceil(length / 32)), length + 8))
 
 
 def _window(max_len: int) -> st.SearchStrategy:
     side = st.one_of(st.none(), st.integers(0, max_len))
     return st.one_of(st.none(), st.integers(0, max_len), st.tuples(side, side))
+
+
+def _scale() -> st.SearchStrategy:
+    """Default, zero, or of either sign. Positive scales so small that ``scale · log2 e``
+    is 0 in float32 are a known bug, tested in ``test_numerics``."""
+    return st.one_of(st.none(), st.just(0.0), st.floats(1e-3, 0.4), st.floats(-0.4, -1e-3))
 
 
 @st.composite
@@ -57,7 +64,7 @@ def cases(draw, pallas: bool) -> Case:
     kv_len = draw(st.one_of(st.none(), st.integers(1, max_len)))
     num_kv_heads = draw(st.integers(1, 3))
     head_dim = draw(st.integers(8, 160))
-    blocks = st.sampled_from(PALLAS_BLOCKS) if pallas else None
+    block_q, block_k = (st.sampled_from(PALLAS_BLOCKS),) * 2 if pallas else (_lengths(q_len), _lengths(kv_len or q_len))
     case = Case(
         "hypothesis",
         batch=tuple(draw(st.lists(st.integers(1, 2), max_size=2))),
@@ -73,10 +80,10 @@ def cases(draw, pallas: bool) -> Case:
         segments=draw(st.one_of(st.just(0), st.integers(1, 5))),
         mask=draw(st.sampled_from((None, None, "random", "padding", "empty_rows"))),
         logits_soft_cap=draw(st.one_of(st.none(), st.floats(1.0, 50.0))),
-        scale=draw(st.one_of(st.none(), st.floats(-0.4, 0.4))),
+        scale=draw(_scale()),
         lse_grad=draw(st.booleans()),
-        block_q=draw(blocks or _lengths(q_len)),
-        block_k=draw(blocks or _lengths(kv_len or q_len)),
+        block_q=draw(block_q),
+        block_k=draw(block_k),
         seed=draw(st.integers(0, 2**31 - 1)),
     )
     if not case.lse_grad and _some_row_sees_one_key(case):
@@ -97,29 +104,27 @@ def _some_row_sees_one_key(case: Case) -> bool:
     )
     q_ids, kv_ids = arrays["q_segment_ids"], arrays["kv_segment_ids"]
     visible = spec.visible(
-        np.arange(case.q_len)[:, None],
-        np.arange(case.kv)[None, :],
+        jnp.arange(case.q_len)[:, None],
+        jnp.arange(case.kv)[None, :],
         q_segment=None if q_ids is None else q_ids[..., None, :, None],
         kv_segment=None if kv_ids is None else kv_ids[..., None, None, :],
         dense=arrays["mask"],
     )
-    return bool((np.sum(visible, axis=-1) == 1).any())
+    return bool((jnp.sum(visible, axis=-1) == 1).any())
 
 
 def _budget(implementation: str):
-    """The examples' settings: the fixed CI set, or ``JAXTILE_HYPOTHESIS_*``'s."""
+    """The fixed CI set of examples (a seed per implementation, so that they cover
+    different ground), or ``JAXTILE_HYPOTHESIS_*``'s."""
     examples = int(os.environ.get("JAXTILE_HYPOTHESIS_EXAMPLES", EXAMPLES[implementation]))
-    chosen_seed = os.environ.get("JAXTILE_HYPOTHESIS_SEED")
+    chosen = zlib.crc32(implementation.encode()) + int(os.environ.get("JAXTILE_HYPOTHESIS_SEED", 0))
     budget = settings(
         max_examples=examples,
-        derandomize=chosen_seed is None,
         database=None,
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
-    if chosen_seed is None:
-        return budget
-    return lambda test: seed(int(chosen_seed))(budget(test))
+    return lambda test: seed(chosen)(budget(test))
 
 
 def test_random_problems_match_float64_reference(impl):
