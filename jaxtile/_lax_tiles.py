@@ -156,10 +156,11 @@ def visible(spec: MaskSpec, x: Tiled, tiling: Tiling, q_tile, kv_tile):
             dense = rows(dense, q_tile, bq, 3)
         if dense.shape[4] > 1:
             dense = rows(dense, kv_tile, bk, 4)
-    return spec.visible(
+    vis = spec.visible(
         q_tile * bq + jnp.arange(bq)[:, None],
         kv_tile * bk + jnp.arange(bk)[None, :],
         q_segment=q_seg,
         kv_segment=kv_seg,
         dense=dense,
     )
+    return vis.reshape((1,) * (5 - vis.ndim) + vis.shape)

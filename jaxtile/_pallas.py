@@ -48,6 +48,11 @@ class Dims:
     def of(cls, inputs: Inputs) -> Dims:
         batch, q_len, num_heads, head_dim = inputs.q.shape
         _, kv_len, num_kv_heads, head_dim_v = inputs.v.shape
+        if max(head_dim, head_dim_v) > MAX_HEAD_DIM:
+            raise NotImplementedError(
+                f"the Pallas kernels support head dims up to {MAX_HEAD_DIM}; got {head_dim=}, {head_dim_v=}. "
+                "Use implementation='scan_v2', 'scan_v1' or 'reference'."
+            )
         return cls(batch, q_len, kv_len, num_heads, num_kv_heads, head_dim, head_dim_v)
 
     @property
@@ -279,11 +284,6 @@ class Kernel:
     @classmethod
     def create(cls, inputs: Inputs, config: Config, tuning: KernelTuning) -> Kernel:
         dims = Dims.of(inputs)
-        if max(dims.head_dim_p, dims.head_dim_v_p) > MAX_HEAD_DIM:
-            raise NotImplementedError(
-                f"the Pallas kernels support head dims up to {MAX_HEAD_DIM}; got head_dim={dims.head_dim}, "
-                f"head_dim_v={dims.head_dim_v}. Use implementation='scan_v2', 'scan_v1' or 'reference'."
-            )
         return cls(config, dims, Tiles.fit(tuning, dims), jnp.dtype(inputs.q.dtype).name)
 
     def dot(self, a, b, *, trans_a: bool = False, trans_b: bool = False):

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
+_F32_TINY = 2.0**-126
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,7 +32,9 @@ class Logits:
 
     @property
     def _plain(self) -> bool:
-        return self.soft_cap is None and self.scale > 0
+        # The scale folds into exp2 only while scale·log2(e) stays a normal float32
+        # (otherwise masked scores would become -inf · 0 = NaN).
+        return self.soft_cap is None and self.scale * LOG2E >= _F32_TINY
 
     @property
     def factor(self) -> float:
@@ -160,10 +163,24 @@ def probabilities(pre, lse2, logits: Logits, visible=None, exp2=jnp.exp2):
     return p
 
 
-def score_grad(p, dp, delta, pre, logits: Logits):
+def keep_seen_keys(kv, visible, query_axes):
+    """``kv [..., cols, dim]`` with the rows of keys that no query of the tile sees set to
+    0, so that a NaN or Inf there (padding, an unfilled cache) cannot reach other rows
+    through the ``0 · x`` of a matrix product.
+
+    ``visible [..., rows, cols]``; ``query_axes`` are reduced (the rows, and in the lax
+    loops also the query heads of a group).
+    """
+    seen = jnp.max(visible.astype(jnp.int32), axis=query_axes) > 0
+    return jnp.where(seen[..., None], kv, 0)
+
+
+def score_grad(p, dp, delta, pre, logits: Logits, visible=None):
     """``dS = P * (dP - D)`` (Algorithm 2, line 14) taken back to dL/d(q·k).
 
     ``delta`` is ``D = rowsum(dO * O)`` minus the lse cotangent, broadcast like the lse
-    in `probabilities`.
+    in `probabilities`. Masked entries (``visible`` False) are exactly 0 even where a
+    hidden value made ``dP`` non-finite.
     """
-    return logits.grad(p * (dp - delta), pre)
+    ds = logits.grad(p * (dp - delta), pre)
+    return ds if visible is None else jnp.where(visible, ds, 0.0)

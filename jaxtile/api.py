@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 
 import jax
@@ -31,6 +32,13 @@ def get_implementation(name: str) -> Attention:
     if name not in IMPLEMENTATIONS:
         raise ValueError(f"unknown implementation={name!r}; choose one of {IMPLEMENTATIONS} or None")
     return importlib.import_module(f"jaxtile.{name}").attention
+
+
+@functools.cache
+def _compiled(name: str) -> Attention:
+    """``name``'s attention, batch/head-sharding aware and jitted with its static config,
+    so that calls outside ``jit`` compile once per shape and option set."""
+    return jax.jit(_sharding.partitioned(get_implementation(name)), static_argnums=1)
 
 
 def flash_attention(
@@ -84,7 +92,7 @@ def flash_attention(
     """
     platform = _platform(query)
     name = default_implementation(platform) if implementation is None else implementation
-    attend = get_implementation(name)
+    attend = _compiled(name)
     for block_name, block in (("block_q", block_q), ("block_k", block_k)):
         _inputs.check_block(block_name, block, power_of_two=name in _PALLAS)
     _inputs.check_static("return_lse", return_lse, "bool")
@@ -103,7 +111,7 @@ def flash_attention(
         tuning=tuning,
         platform=platform,
     )
-    out, lse = _sharding.partitioned(attend)(inputs, config)
+    out, lse = attend(inputs, config)
     out = out.reshape(*batch, *out.shape[1:])
     if not return_lse:
         return out

@@ -79,7 +79,8 @@ def _forward_kernel(*refs, kernel: pk.Kernel):
         visible = runtime.visible(spec, b, h, q_start, bq, kv_start, bk) if masked else None
         # Line 10: m~_ij, P~_ij = exp(S_ij - m~_ij), l~_ij.
         p, m_ij, l_ij = sm.tile_softmax(pre, logits, visible, kernel.exp2)
-        pv = kernel.dot(p.astype(v_j.dtype), v_j)
+        v_seen = sm.keep_seen_keys(v_j, visible, 0) if masked else v_j
+        pv = kernel.dot(p.astype(v_j.dtype), v_seen)
         # Lines 11-12: m_new, l_new; O_i <- diag(l_new)^-1 (diag(l_i) e^(m_i - m_new) O_i + e^(m~ - m_new) P~ V_j).
         o_i, m_i, l_i = sm.rescaled_update(o_i, m_i, l_i, pv, m_ij, l_ij, kernel.exp2)
         # Lines 12-13: write O_i, l_i, m_i back to HBM.
@@ -162,10 +163,11 @@ def _backward_kernel(*refs, kernel: pk.Kernel):
         dp = kernel.dot(do_i, v_j, trans_b=True)
         dlse = pk.load_row_stat(dlse_ref, b, h, q_start, bq, dims.q_len, 0.0)
         d_i = jnp.sum(do_i.astype(jnp.float32) * o_i.astype(jnp.float32), axis=-1) - dlse
-        ds = sm.score_grad(p, dp, d_i[:, None], pre, logits)
+        ds = sm.score_grad(p, dp, d_i[:, None], pre, logits, visible)
         # Line 21: dQ_i += dS_ij K_j, read and written back to HBM.
         dq_i = pk.load_tile(dq_ref, b, h, q_start, bq, dims.q_len, dims.head_dim, ragged=ragged_q)
-        dq_i += kernel.dot(ds.astype(k_j.dtype), k_j)
+        k_seen = sm.keep_seen_keys(k_j, visible, 0) if masked else k_j
+        dq_i += kernel.dot(ds.astype(k_j.dtype), k_seen)
         pk.store_tile(dq_ref, b, h, q_start, dq_i, dims.q_len, dims.head_dim)
         kernel.barrier()
         # Line 22: dK_j += dS_ijᵀ Q_i.

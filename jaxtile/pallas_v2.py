@@ -93,6 +93,8 @@ def _forward_kernel(*refs, kernel: pk.Kernel):
         # Lines 9-10: online softmax; O_i = diag(exp(m_old - m_new)) O_i + P_ij V_j.
         p, alpha, m_i, l_i = sm.online_softmax(pre, m_i, l_i, logits, visible, kernel.exp2)
         v_j = pk.load_tile(v_ref, b, h_kv, kv_start, bk, dims.kv_len, dims.head_dim_v, ragged=masked)
+        if masked:
+            v_j = sm.keep_seen_keys(v_j, visible, 0)
         pv = kernel.dot(p.astype(v_j.dtype), v_j)
         return acc * alpha[:, None] + pv, m_i, l_i
 
@@ -160,7 +162,7 @@ def _dkdv_kernel(*refs, kernel: pk.Kernel):
         # Lines 13-14: dPᵀ = V_j dO_iᵀ, dSᵀ = Pᵀ ∘ (dPᵀ - D_i).
         dp_t = kernel.dot(v_j, do_i, trans_b=True)
         delta = pk.load_row_stat(delta_ref, b, h, q_start, bq, dims.q_len, 0.0)
-        ds_t = sm.score_grad(p_t, dp_t, delta[None, :], pre_t, logits)
+        ds_t = sm.score_grad(p_t, dp_t, delta[None, :], pre_t, logits, visible)
         # Line 16: dK_j += dSᵀ Q_i.
         dk_j += kernel.dot(ds_t.astype(q_i.dtype), q_i)
         return dk_j, dv_j
@@ -201,7 +203,9 @@ def _dq_kernel(*refs, kernel: pk.Kernel):
         p = sm.probabilities(pre, lse2[:, None], logits, visible, kernel.exp2)
         v_j = pk.load_tile(v_ref, b, h_kv, kv_start, bk, dims.kv_len, dims.head_dim_v, ragged=masked)
         dp = kernel.dot(do_i, v_j, trans_b=True)
-        ds = sm.score_grad(p, dp, delta[:, None], pre, logits)
+        ds = sm.score_grad(p, dp, delta[:, None], pre, logits, visible)
+        if masked:
+            k_j = sm.keep_seen_keys(k_j, visible, 0)
         return dq_i + kernel.dot(ds.astype(k_j.dtype), k_j)
 
     dq_i = jnp.zeros((bq, dims.head_dim_p), jnp.float32)

@@ -21,11 +21,6 @@ def attention(inputs: Inputs, config: Config) -> tuple[jax.Array, jax.Array]:
     group = num_heads // num_kv_heads
     q = q.reshape(batch, q_len, num_kv_heads, group, head_dim)
 
-    logits = config.logits
-    s = jnp.einsum("bqhgd,bkhd->bhgqk", q, k, precision="highest") * logits.scale
-    if logits.soft_cap is not None:
-        s = logits.soft_cap * jnp.tanh(s / logits.soft_cap)
-
     spec = config.mask
     visible = spec.visible(
         jnp.arange(spec.q_len)[:, None],
@@ -34,6 +29,15 @@ def attention(inputs: Inputs, config: Config) -> tuple[jax.Array, jax.Array]:
         kv_segment=None if inputs.kv_segment_ids is None else inputs.kv_segment_ids[:, None, None, None, :],
         dense=_dense(inputs.mask, num_kv_heads, group),
     )
+    visible = jnp.broadcast_to(visible, (batch, num_kv_heads, group, q_len, spec.kv_len))
+    # Keys no query sees (padding, an unfilled cache) must not reach any row via 0 · NaN.
+    seen = jnp.swapaxes(jnp.any(visible, axis=(2, 3)), 1, 2)[..., None]  # [b, kv_len, h, 1]
+    k, v = jnp.where(seen, k, 0.0), jnp.where(seen, v, 0.0)
+
+    logits = config.logits
+    s = jnp.einsum("bqhgd,bkhd->bhgqk", q, k, precision="highest") * logits.scale
+    if logits.soft_cap is not None:
+        s = logits.soft_cap * jnp.tanh(s / logits.soft_cap)
     s = jnp.where(visible, s, -jnp.inf)
     m = jnp.max(s, axis=-1, keepdims=True)
     p = jnp.exp(s - jnp.where(m == -jnp.inf, 0.0, m))

@@ -60,7 +60,8 @@ def _forward(inputs: Inputs, config: Config):
         vis = lt.visible(spec, x, tiling, t, u) if masked else None
         # Line 10: m~_ij = rowmax(S_ij), P~_ij = exp(S_ij - m~_ij), l~_ij = rowsum(P~_ij).
         p, m_ij, l_ij = sm.tile_softmax(pre, logits, vis)
-        pv = jnp.einsum("bhgqk,bhkd->bhgqd", p.astype(v_j.dtype), v_j, preferred_element_type=jnp.float32)
+        v_seen = sm.keep_seen_keys(v_j, vis, (2, 3)) if masked else v_j
+        pv = jnp.einsum("bhgqk,bhkd->bhgqd", p.astype(v_j.dtype), v_seen, preferred_element_type=jnp.float32)
         # Lines 11-12: m_new, l_new; O_i <- diag(l_new)^-1 (diag(l_i) e^(m_i - m_new) O_i + e^(m~_ij - m_new) P~_ij V_j).
         o_i, m_i, l_i = sm.rescaled_update(o_i, m_i, l_i, pv, m_ij, l_ij)
         # Lines 12-13: write O_i, l_i, m_i back.
@@ -127,9 +128,10 @@ def _backward(inputs: Inputs, out, stats, dout, dlse, config: Config):
         # Line 19: D_i = rowsum(dO_i ∘ O_i); the lse cotangent enters the same place.
         d_i = jnp.sum(do_i.astype(jnp.float32) * o_i.astype(jnp.float32), axis=-1) - lt.rows(dlse, t, bq, 3)
         # Line 20: dS_ij = P_ij ∘ (dP_ij - D_i), with τ (and a soft cap's derivative).
-        ds = sm.score_grad(p, dp, d_i[..., None], pre, logits)
+        ds = sm.score_grad(p, dp, d_i[..., None], pre, logits, vis)
         # Line 21: dQ_i += dS_ij K_j, written back.
-        dq_i = lt.rows(dq, t, bq, 3) + jnp.einsum("bhgqk,bhkd->bhgqd", ds, k_j, preferred_element_type=jnp.float32)
+        k_seen = sm.keep_seen_keys(k_j, vis, (2, 3)) if masked else k_j
+        dq_i = lt.rows(dq, t, bq, 3) + jnp.einsum("bhgqk,bhkd->bhgqd", ds, k_seen, preferred_element_type=jnp.float32)
         dq = lax.dynamic_update_slice_in_dim(dq, dq_i, t * bq, 3)
         # Line 22: dK_j += dS_ijᵀ Q_i.
         dk_j += jnp.einsum("bhgqk,bhgqd->bhkd", ds, q_i, preferred_element_type=jnp.float32)

@@ -41,6 +41,8 @@ def _forward(inputs: Inputs, config: Config):
         pre = logits.pre(qk)
         vis = lt.visible(spec, x, tiling, t, u) if masked else None
         p, alpha, m_i, l_i = sm.online_softmax(pre, m_i, l_i, logits, vis)
+        if masked:
+            v_j = sm.keep_seen_keys(v_j, vis, (2, 3))
         pv = jnp.einsum("bhgqk,bhkd->bhgqd", p.astype(v_j.dtype), v_j, preferred_element_type=jnp.float32)
         return acc * alpha[..., None] + pv, m_i, l_i
 
@@ -99,9 +101,10 @@ def _backward(inputs: Inputs, out, lse, dout, dlse, config: Config):
         dv_j += jnp.einsum("bhgqk,bhgqd->bhkd", p.astype(do.dtype), do_i, preferred_element_type=jnp.float32)
         # Lines 13-14: dP_ij = dO_i V_jᵀ, dS_ij = P_ij ∘ (dP_ij - D_i).
         dp = jnp.einsum("bhgqd,bhkd->bhgqk", do_i, v_j, preferred_element_type=jnp.float32)
-        ds = sm.score_grad(p, dp, lt.rows(delta, t, bq, 3)[..., None], pre, logits)
+        ds = sm.score_grad(p, dp, lt.rows(delta, t, bq, 3)[..., None], pre, logits, vis)
         # Line 15: dQ_i += dS_ij K_j, read and written back in place.
-        dq_i = lt.rows(dq, t, bq, 3) + jnp.einsum("bhgqk,bhkd->bhgqd", ds, k_j, preferred_element_type=jnp.float32)
+        k_seen = sm.keep_seen_keys(k_j, vis, (2, 3)) if masked else k_j
+        dq_i = lt.rows(dq, t, bq, 3) + jnp.einsum("bhgqk,bhkd->bhgqd", ds, k_seen, preferred_element_type=jnp.float32)
         dq = lax.dynamic_update_slice_in_dim(dq, dq_i, t * bq, 3)
         # Line 16: dK_j += dS_ijᵀ Q_i.
         dk_j += jnp.einsum("bhgqk,bhgqd->bhkd", ds, q_i, preferred_element_type=jnp.float32)

@@ -139,21 +139,6 @@ def _call(changes: dict, *, abstract: bool = False):
     return jax.jit(attend)(traced) if traced else attend({})
 
 
-# Rows the implementation gets wrong today: description -> the bug.
-KNOWN_BUGS = {
-    "head_dim too large for pallas_v2": "pallas_v2 looks up its tuning table before the head-dim check: "
-    "ValueError 'head_dim=512 is larger than the Pallas kernels support (256)' (the padded value)",
-}
-
-
-@pytest.fixture
-def known_bug(request):
-    what = request.node.callspec.params["what"]
-    if what in KNOWN_BUGS:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=KNOWN_BUGS[what]))
-
-
-@pytest.mark.usefixtures("known_bug")
 @pytest.mark.parametrize("what,changes,error,text", BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
 def test_bad_input_raises_clear_error(what, changes, error, text):
     with pytest.raises(error) as info:
@@ -161,7 +146,6 @@ def test_bad_input_raises_clear_error(what, changes, error, text):
     assert text in str(info.value), f"{what}: message {str(info.value)!r} lacks {text!r}"
 
 
-@pytest.mark.usefixtures("known_bug")
 @pytest.mark.parametrize("what,changes,error,text", BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
 def test_bad_input_is_caught_from_shapes_alone(what, changes, error, text):
     """Validation needs only shapes, dtypes and static values: the same error comes from

@@ -13,7 +13,6 @@ import contextlib
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 import jaxtile
 
@@ -76,16 +75,8 @@ def test_jit_traces_and_compiles_once(impl):
     assert len(traces) == 1, f"traced {len(traces)} times"
 
 
-def test_eager_calls_do_not_recompile(impl, request):
+def test_eager_calls_do_not_recompile(impl):
     """Outside ``jit`` too: the second call with new values compiles nothing."""
-    if impl.tiled:
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                reason="called outside jit, the custom_vjp and lax loops of the tiled implementations are "
-                "traced with fresh closures and compiled again on every call",
-            )
-        )
 
     def call(arrays):
         def loss(q, k, v):

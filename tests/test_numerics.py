@@ -201,17 +201,9 @@ def test_rows_that_see_one_key(impl, case):
     assert result.ok, result.describe()
 
 
-def test_scale_below_float32_range(impl, request):
+def test_scale_below_float32_range(impl):
     """A positive scale so small that it is 0 in float32 acts as a zero scale (uniform
     softmax), never NaN."""
-    if impl.tiled:
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                reason="Logits.factor = scale·log2(e) rounds to 0 in float32 for scale < ~1e-45, and the "
-                "masked scores become -inf · 0 = NaN (jaxtile/_softmax.py, online_softmax / tile_softmax)",
-            )
-        )
     result = run_case(Case("tiny_scale", q_len=40, head_dim=16, causal=True, scale=1e-300), impl.name)
     assert result.ok, result.describe()
 
@@ -381,11 +373,6 @@ def test_nan_and_inf_in_v_spare_rows_that_do_not_see_the_key(impl, value):
     _assert_same_bits(got["out"], clean["out"], spared, "rows that do not see the key")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="masked keys still enter the tile products: P V (NaN in v: every output of the batch element) "
-    "and dS K (NaN in k: every dq row); zeroing the rows of k and v that no query of a tile sees would fix it",
-)
 @pytest.mark.parametrize("poisoned", ["k", "v"])
 def test_nan_in_keys_no_query_sees_changes_nothing(impl, poisoned):
     """NaN in every padded key (`PADDING`, e.g. an unfilled KV cache): outputs and
