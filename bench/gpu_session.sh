@@ -24,6 +24,8 @@ check)
     tail -3 "$out/parity_full.log"
     ;;
 bench)
+    timeout 60 python -m pytest -q -p no:cacheprovider -p no:xdist tests/test_correctness.py \
+        -k "pallas_v2 and (base or head_dim80_v48 or segments_causal or len300)" 2>&1 | tail -2
     python -c "import torch, triton; a, b = (torch.randn(8192, 8192, device='cuda', dtype=torch.bfloat16) for _ in range(2)); \
 ms = triton.testing.do_bench(lambda: a @ b, warmup=50, rep=300, return_mode='median'); print(f'bf16 matmul 8192^3: {2 * 8192**3 / ms / 1e9:.0f} TFLOP/s')" \
         | tee "$out/matmul.txt"

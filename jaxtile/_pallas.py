@@ -76,9 +76,18 @@ class Tiles:
     block_k: int
 
     @classmethod
-    def fit(cls, tuning: KernelTuning, dims: Dims) -> Tiles:
-        """The tuned tiles, shrunk (to a power of two >= 16) for short sequences."""
-        return cls(min(tuning.block_q, next_pow2(dims.q_len)), min(tuning.block_k, next_pow2(dims.kv_len)))
+    def fit(cls, tuning: KernelTuning, dims: Dims, dtype) -> Tiles:
+        """The tuned (or requested) tiles, shrunk to a power of two >= 16 for short
+        sequences, and capped to what fits in a Hopper SM's shared memory: 128 for 16-bit
+        inputs and 64 for float32 (whose three-product TF32 dots stage more), halved for
+        head dims above 128. (An H200 refused 128-row float32 tiles at head dim 64.)"""
+        cap = (128 if jnp.dtype(dtype).itemsize == 2 else 64) // (
+            2 if max(dims.head_dim_p, dims.head_dim_v_p) > 128 else 1
+        )
+        return cls(
+            min(tuning.block_q, cap, next_pow2(dims.q_len)),
+            min(tuning.block_k, cap, next_pow2(dims.kv_len)),
+        )
 
     def num_q_tiles(self, dims: Dims) -> int:
         return pl.cdiv(dims.q_len, self.block_q)
@@ -284,7 +293,7 @@ class Kernel:
     @classmethod
     def create(cls, inputs: Inputs, config: Config, tuning: KernelTuning) -> Kernel:
         dims = Dims.of(inputs)
-        return cls(config, dims, Tiles.fit(tuning, dims), jnp.dtype(inputs.q.dtype).name)
+        return cls(config, dims, Tiles.fit(tuning, dims, inputs.q.dtype), jnp.dtype(inputs.q.dtype).name)
 
     def dot(self, a, b, *, trans_a: bool = False, trans_b: bool = False):
         """``a @ b`` (optionally transposed) with float32 accumulation. float32 inputs get

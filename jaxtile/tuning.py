@@ -64,9 +64,10 @@ def _t(fwd: tuple[int, ...], dkdv: tuple[int, ...], dq: tuple[int, ...]) -> Tuni
     return Tuning(KernelTuning(*fwd), KernelTuning(*dkdv), KernelTuning(*dq))
 
 
-# (largest padded head dim, 16-bit inputs, causal) -> tuning. The 16-bit rows are the
-# best geometric mean over seq 1024/4096/16384 of `python -m bench.tune` on an H200
-# (bench/results/tune/); float32 rows are sized to fit shared memory with IEEE products.
+# (largest padded head dim, 16-bit inputs, causal) -> tuning. The 16-bit rows at head
+# dims 64 and 128 are the best geometric mean over seq 1024/4096/16384 of
+# `python -m bench.tune` on an H200 (bench/results/h200/tune.json); the head-dim-256 and
+# float32 rows are sized to fit shared memory, not tuned.
 _HOPPER: dict[tuple[int, bool, bool], Tuning] = {
     (64, True, False): _t((128, 64, 8, 3), (64, 64, 4, 3), (64, 64, 4, 3)),
     (64, True, True): _t((64, 64, 4, 3), (32, 128, 4, 3), (128, 32, 4, 3)),

@@ -47,7 +47,7 @@ def _inputs(seed=0, shape=(2, 256, 4, 64)):
 
 def test_compiled_kernels_inside_shard_map_with_check_vma():
     mesh = jax.make_mesh((1,), ("batch",))
-    q, k, v = _inputs()
+    q, k, v = (jax.device_put(x, jax.sharding.NamedSharding(mesh, P("batch"))) for x in _inputs())
 
     def attend(q, k, v):
         return jaxtile.flash_attention(q, k, v, causal=True, implementation="pallas_v2")
