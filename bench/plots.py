@@ -6,6 +6,8 @@
   there is one); an ``x`` at the top of a panel marks an out-of-memory run.
 * ``dashboard.png``: one page with the headline panels, the memory panel and the
   throughput of every implementation at the longest sequence.
+* ``v1_vs_v2.png``: TFLOP/s of FlashAttention-1's and -2's loop orders alone, as scan
+  and as Pallas kernels (when the run has both kernels).
 
 Colours are fixed per implementation; jaxtile's are solid lines, JAX peers dashed and
 PyTorch peers dotted.
@@ -250,8 +252,11 @@ def _dashboard(results: dict, records: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+_LOOP_ORDERS = ("scan_v1", "scan_v2", "pallas_v1", "pallas_v2")
+
+
 def write(results: dict, save_dir: Path) -> list[Path]:
-    """Writes the four PNGs into ``save_dir``; returns their paths."""
+    """Writes the PNGs into ``save_dir``; returns their paths."""
     records = results["measurements"]
     headline = _headline(results)
     paths = [save_dir / name for name in FILES]
@@ -264,4 +269,8 @@ def write(results: dict, save_dir: Path) -> list[Path]:
     else:
         paths.remove(paths[2])
     _dashboard(results, records, paths[-1])
+    loop_orders = [r for r in records if r["impl"] in _LOOP_ORDERS and r["suite"] != "memory"]
+    if {r["impl"] for r in loop_orders} >= {"pallas_v1", "pallas_v2"}:
+        paths.append(save_dir / "v1_vs_v2.png")
+        _grid_figure(_panels(loop_orders), "tflops", headline, paths[-1])
     return paths

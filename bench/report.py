@@ -100,6 +100,22 @@ def _shape(by_impl: dict, modes: list[str], baselines: list[str]) -> list[str]:
     return _table(header, rows)
 
 
+def _focus(blocks: dict, impl: str, modes: list[str], baselines: list[str]) -> list[str]:
+    """One row per shape: ``impl``'s TFLOP/s and its speed relative to each baseline."""
+    header = ["shape"]
+    for mode in modes:
+        header += [f"{mode} TFLOP/s"] + [f"{mode} vs {b}" for b in baselines]
+    rows = []
+    for problem, by_impl in blocks.items():
+        row = [problem.describe()]
+        for mode in modes:
+            r = by_impl.get(impl, {}).get(mode)
+            row.append(_num(r["tflops"]) if _ok(r) else status_text(r) if r else "")
+            row += [_ratio(_speedup(r, by_impl.get(b, {}).get(mode))) for b in baselines]
+        rows.append(row)
+    return _table(header, rows)
+
+
 def _memory(records: list[dict], mode: str) -> list[str]:
     seqs = sorted({r["seq_len"] for r in records})
     header = ["implementation"] + [f"seq {s}" for s in seqs]
@@ -137,7 +153,9 @@ def _suite_title(suite: dict) -> str:
     return f"{suite['name']} suite: " + ", ".join(parts)
 
 
-def render(results: dict, baselines: tuple[str, ...] = BASELINES) -> str:
+def render(results: dict, baselines: tuple[str, ...] = BASELINES, focus: str | None = None) -> str:
+    """The Markdown section; with ``focus``, also one row per shape for that
+    implementation against the baselines."""
     records = results["measurements"]
     env = results["environment"]
     versions = ", ".join(f"{k} {v}" for k, v in env["versions"].items() if k != "jax_platform")
@@ -158,6 +176,8 @@ def render(results: dict, baselines: tuple[str, ...] = BASELINES) -> str:
         modes = [m for m in MODES if m in suite["modes"]]
         present = [b for b in baselines if any(r["impl"] == b and _ok(r) for r in rs)]
         lines += ["", f"### {_suite_title(suite)}", "", *_summary(blocks, modes, present)]
+        if focus is not None and not suite["stop_at_oom"]:
+            lines += ["", f"`{focus}` shape by shape:", "", *_focus(blocks, focus, modes, present)]
         if suite["stop_at_oom"]:
             for mode in modes:
                 lines += ["", f"Peak memory, {mode} (inputs and outputs included):", "", *_memory(rs, mode)]
@@ -172,9 +192,10 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.report", description="Markdown tables from a bench results.json.")
     p.add_argument("results", type=Path)
     p.add_argument("--baseline", action="append", metavar="NAME", help=f"repeatable; default: {', '.join(BASELINES)}")
+    p.add_argument("--focus", metavar="NAME", help="also a shape-by-shape table of this implementation")
     args = p.parse_args(argv)
     results = json.loads(args.results.read_text())
-    print(render(results, tuple(args.baseline or BASELINES)), end="")
+    print(render(results, tuple(args.baseline or BASELINES), args.focus), end="")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,29 @@
+"""The README's numbers come from committed result files, by the commands it names."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from bench import report
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_readme_performance_tables_are_generated_from_the_results():
+    results = json.loads((ROOT / "bench/results/h200/results.json").read_text())
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("<!-- bench:begin -->\n")[1].split("<!-- bench:end -->")[0]
+    assert section == report.render(results, focus="pallas_v2"), (
+        "regenerate with: python -m bench.report bench/results/h200/results.json --focus pallas_v2"
+    )
+
+
+def test_readme_parity_summary_matches_the_committed_report():
+    quick = json.loads((ROOT / "parity/results/cpu/quick.json").read_text())
+    readme = (ROOT / "README.md").read_text()
+    passed, failed, total = re.match(
+        r"(\d+) passed, (\d+) failed, \d+ not implemented, of (\d+)", quick["summary"]
+    ).groups()
+    assert quick["ok"] and failed == "0" and f"**{passed} of {total} passed**" in readme
