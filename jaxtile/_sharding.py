@@ -37,7 +37,7 @@ from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxtile._core import Attention, Config, Inputs
+from jaxtile._core import Attention, Config, Inputs, differentiable
 
 # What each argument and result of a pass is, spelled by its dimensions: b batch, q query
 # rows, t key rows, h query heads, k kv heads, d and e head dims. Softmax statistics are
@@ -210,20 +210,8 @@ def partitioned(attention: Attention) -> Attention:
     def forward_shards(inputs: Inputs, config: Config):
         return _per_shard(forward, (_INPUTS,), (_SEQ_Q, _ROWS, _ROWS), (inputs,), config)
 
-    @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
-    def attend(inputs: Inputs, config: Config):
-        out, lse, _ = forward_shards(inputs, config)
-        return out, lse
-
-    def attend_fwd(inputs: Inputs, config: Config):
-        out, lse, stats = forward_shards(inputs, config)
-        return (out, lse), (inputs, out, stats)
-
-    def attend_bwd(config: Config, residuals, cotangents):
-        inputs, out, stats = residuals
+    def backward_shards(inputs: Inputs, out, stats, dout, dlse, config: Config):
         roles = ((_INPUTS, _SEQ_Q, _ROWS, _SEQ_Q, _ROWS), (_SEQ_Q, _SEQ_K, _SEQ_K))
-        dq, dk, dv = _per_shard(backward, *roles, (inputs, out, stats, *cotangents), config)
-        return (Inputs(dq, dk, dv, None, None, None),)
+        return _per_shard(backward, *roles, (inputs, out, stats, dout, dlse), config)
 
-    attend.defvjp(attend_fwd, attend_bwd)
-    return attend
+    return differentiable(forward_shards, backward_shards)
