@@ -34,6 +34,22 @@ def get_implementation(name: str) -> Attention:
     return importlib.import_module(f"jaxtile.{name}").attention
 
 
+def prepare(query, key, value, *, implementation, return_lse, block_q, block_k, **options):
+    """Validates a call (before any compute); returns the implementation's name, the
+    canonical `Inputs` and `Config`, and the batch shape to restore. ``options`` are
+    `_inputs.canonicalize`'s mask, logit and tuning arguments."""
+    platform = _platform(query)
+    name = default_implementation(platform) if implementation is None else implementation
+    get_implementation(name)
+    for block_name, block in (("block_q", block_q), ("block_k", block_k)):
+        _inputs.check_block(block_name, block, power_of_two=name in _PALLAS)
+    _inputs.check_static("return_lse", return_lse, "bool")
+    inputs, config, batch = _inputs.canonicalize(
+        query, key, value, block_q=block_q, block_k=block_k, platform=platform, **options
+    )
+    return name, inputs, config, batch
+
+
 @functools.cache
 def _compiled(name: str) -> Attention:
     """``name``'s attention, batch/head-sharding aware and jitted with its static config,
@@ -92,16 +108,12 @@ def flash_attention(
       ``return_lse`` also ``lse [batch..., num_heads, q_len]`` float32 (natural log).
       A query that sees no key gets output 0 and lse ``-inf``.
     """
-    platform = _platform(query)
-    name = default_implementation(platform) if implementation is None else implementation
-    attend = _compiled(name)
-    for block_name, block in (("block_q", block_q), ("block_k", block_k)):
-        _inputs.check_block(block_name, block, power_of_two=name in _PALLAS)
-    _inputs.check_static("return_lse", return_lse, "bool")
-    inputs, config, batch = _inputs.canonicalize(
+    name, inputs, config, batch = prepare(
         query,
         key,
         value,
+        implementation=implementation,
+        return_lse=return_lse,
         causal=causal,
         window=window,
         segment_ids=segment_ids,
@@ -111,9 +123,8 @@ def flash_attention(
         block_q=block_q,
         block_k=block_k,
         tuning=tuning,
-        platform=platform,
     )
-    out, lse = attend(inputs, config)
+    out, lse = _compiled(name)(inputs, config)
     out = out.reshape(*batch, *out.shape[1:])
     if not return_lse:
         return out

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxtile import _inputs, api
+from jaxtile import api
 from jaxtile._core import Attention, Config, Inputs
 
 # Implementations whose backward pass takes the lse as its saved statistic, so that it can
@@ -184,20 +184,12 @@ def ring_attention(
       ``return_lse`` their ``lse [batch..., num_heads, n_q]``), equal to
       ``flash_attention`` on the gathered sequences, shard by shard.
     """
-    platform = api._platform(query)
-    name = api.default_implementation(platform) if implementation is None else implementation
-    if name not in RING_IMPLEMENTATIONS:
-        raise NotImplementedError(
-            f"ring_attention needs a backward pass driven by the global lse; {name!r} has none. "
-            f"Use one of {RING_IMPLEMENTATIONS}"
-        )
-    for block_name, block in (("block_q", block_q), ("block_k", block_k)):
-        _inputs.check_block(block_name, block, power_of_two=name in api._PALLAS)
-    _inputs.check_static("return_lse", return_lse, "bool")
-    inputs, diagonal, batch = _inputs.canonicalize(
+    name, inputs, diagonal, batch = api.prepare(
         query,
         key,
         value,
+        implementation=implementation,
+        return_lse=return_lse,
         causal=causal,
         window=None,
         segment_ids=segment_ids,
@@ -207,8 +199,12 @@ def ring_attention(
         block_q=block_q,
         block_k=block_k,
         tuning=tuning,
-        platform=platform,
     )
+    if name not in RING_IMPLEMENTATIONS:
+        raise NotImplementedError(
+            f"ring_attention needs a backward pass driven by the global lse; {name!r} has none. "
+            f"Use one of {RING_IMPLEMENTATIONS}"
+        )
     q_len, kv_len = diagonal.mask.q_len, diagonal.mask.kv_len
     if causal and q_len != kv_len:
         raise ValueError(f"causal ring attention needs query and key shards of equal length; got {q_len=}, {kv_len=}")
