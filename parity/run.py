@@ -186,8 +186,9 @@ def torch_reference(case: Case, arrays: dict, device: str = "cpu") -> dict[str, 
     return {name: x.detach().cpu().numpy() for name, x in result.items()}
 
 
-def jaxtile_result(case: Case, arrays: dict, implementation: Implementation) -> dict[str, np.ndarray]:
-    """Output, lse and gradients from jaxtile, compiled once with ``jit``."""
+def jaxtile_function(case: Case, arrays: dict, implementation: Implementation):
+    """A freshly jitted ``run`` and its arguments: ``run(*args)`` gives jaxtile's
+    ``(out, lse, dq, dk, dv)`` on the case's arrays, in their dtypes."""
     if isinstance(implementation, str):
         implementation = functools.partial(jaxtile.flash_attention, implementation=implementation)
     segment_ids = None
@@ -217,7 +218,13 @@ def jaxtile_result(case: Case, arrays: dict, implementation: Implementation) -> 
     dlse = jnp.zeros((*case.batch, case.num_heads, case.q_len), jnp.float32)
     if arrays["dlse"] is not None:
         dlse = jnp.asarray(arrays["dlse"])
-    values = jax.block_until_ready(run(q, k, v, dout, dlse))
+    return run, (q, k, v, dout, dlse)
+
+
+def jaxtile_result(case: Case, arrays: dict, implementation: Implementation) -> dict[str, np.ndarray]:
+    """Output, lse and gradients from jaxtile, compiled once with ``jit``."""
+    run, args = jaxtile_function(case, arrays, implementation)
+    values = jax.block_until_ready(run(*args))
     return {name: np.asarray(x.astype(jnp.float32)) for name, x in zip(QUANTITIES, values)}
 
 

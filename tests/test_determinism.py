@@ -9,12 +9,11 @@ where a non-deterministic reduction (atomics, split-K) would show.
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import jaxtile
 from parity.case import Case, make_inputs
+from parity.run import jaxtile_function
 
 CPU_CASE = Case(
     "determinism",
@@ -44,41 +43,16 @@ GPU_CASE = Case(
 CALLS = 3
 
 
-def _forward_backward(case: Case, implementation: str):
-    """A freshly jitted ``(q, k, v, dout, dlse) -> (out, lse, dq, dk, dv)`` for ``case``."""
-
-    def attend(q, k, v, segment_ids):
-        return jaxtile.flash_attention(
-            q,
-            k,
-            v,
-            segment_ids=segment_ids,
-            implementation=implementation,
-            block_q=case.block_q,
-            block_k=case.block_k,
-            return_lse=True,
-            **case.options(),
-        )
-
-    @jax.jit
-    def run(q, k, v, dout, dlse, segment_ids):
-        (out, lse), vjp = jax.vjp(lambda q, k, v: attend(q, k, v, segment_ids), q, k, v)
-        return (out, lse, *vjp((dout, dlse)))
-
-    return run
-
-
 def _bits(values) -> list[bytes]:
     return [np.asarray(x).tobytes() for x in jax.block_until_ready(values)]
 
 
 def _assert_reproducible(case: Case, implementation: str, calls: int):
     arrays = make_inputs(case)
-    ids = None if arrays["q_segment_ids"] is None else (arrays["q_segment_ids"], arrays["kv_segment_ids"])
-    args = (*(jnp.asarray(arrays[name]) for name in ("q", "k", "v", "dout", "dlse")), ids)
-    run = _forward_backward(case, implementation)
+    run, args = jaxtile_function(case, arrays, implementation)
     first = _bits(run(*args))
-    repeats = [_bits(run(*args)) for _ in range(calls - 1)] + [_bits(_forward_backward(case, implementation)(*args))]
+    fresh, _ = jaxtile_function(case, arrays, implementation)
+    repeats = [_bits(run(*args)) for _ in range(calls - 1)] + [_bits(fresh(*args))]
     names = ("out", "lse", "dq", "dk", "dv")
     for call, bits in enumerate(repeats, start=1):
         differ = [name for name, a, b in zip(names, first, bits) if a != b]
