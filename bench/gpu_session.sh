@@ -2,7 +2,8 @@
 # Everything jaxtile checks and measures on an NVIDIA GPU, in stages that each fit one
 # device call (10 minutes). Run from the repository root on the GPU machine:
 #
-#   bash bench/gpu_session.sh check OUT   # GPU tests and parity --full of the kernels
+#   bash bench/gpu_session.sh check OUT   # the GPU tests of the kernels
+#   bash bench/gpu_session.sh parity OUT [IMPL...]  # parity --full, one process per implementation
 #   bash bench/gpu_session.sh bench OUT   # the matmul ceiling and the benchmark preset
 #   bash bench/gpu_session.sh ring OUT    # ring attention on 2 GPUs, then stress and soak
 #
@@ -16,12 +17,23 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 
 case "$stage" in
 check)
-    timeout 260 python -m pytest -q -p no:cacheprovider -p no:xdist tests/test_correctness.py tests/test_gpu.py \
+    timeout 400 python -m pytest -q -p no:cacheprovider -p no:xdist tests/test_correctness.py tests/test_gpu.py \
         tests/test_determinism.py tests/test_numerics.py tests/test_analysis.py -k "pallas or gpu" \
         2>&1 | tee "$out/gpu_tests.log" | tail -5
-    timeout 300 python -m parity --full --impl pallas_v2 --impl pallas_v1 --no-second-opinions \
-        --json "$out/parity_full.json" >"$out/parity_full.log" 2>&1
-    tail -3 "$out/parity_full.log"
+    ;;
+parity)
+    # One process per implementation (compilation, not the GPU, bounds the sweep; more
+    # processes than this only contend for the CPU), merged at the end. Every part's JSON
+    # is rewritten after each case, so a part cut short by the time box keeps its rows.
+    shift 2
+    parts=$(mktemp -d)
+    for impl in "${@:-pallas_v2}" ; do
+        XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 500 python -m parity --full --impl "$impl" \
+            --no-second-opinions --json "$parts/$impl.json" >"$out/parity_full_$impl.log" 2>&1 &
+    done
+    wait
+    tail -qn 1 "$out"/parity_full_*.log
+    python -m parity.merge "$out/parity_full.json" "$parts"/*.json
     ;;
 bench)
     timeout 60 python -m pytest -q -p no:cacheprovider -p no:xdist tests/test_correctness.py \

@@ -9,6 +9,7 @@ whole number of tiles; the mask description hides the padding.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import NamedTuple
 
 import jax
@@ -164,3 +165,14 @@ def visible(spec: MaskSpec, x: Tiled, tiling: Tiling, q_tile, kv_tile):
         dense=dense,
     )
     return vis.reshape((1,) * (5 - vis.ndim) + vis.shape)
+
+
+# The products of the loops, accumulated in float32 at full precision (a GPU's default
+# for float32 inputs is one TF32 product, ~1e-3 relative): scores ``Q Kᵀ`` (and
+# ``dP = dO Vᵀ``) of ``[b, h, g, rows, dim]`` by ``[b, h, cols, dim]`` tiles; a
+# ``[b, h, g, block_q, block_k]`` tile (P or dS) times ``[..., dim]`` tiles over the keys
+# (``P V``, ``dS K``) and over the group's query rows (``Pᵀ dO``, ``dSᵀ Q``).
+_einsum = functools.partial(jnp.einsum, precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+scores = functools.partial(_einsum, "bhgqd,bhkd->bhgqk")
+over_keys = functools.partial(_einsum, "bhgqk,bhkd->bhgqd")
+over_queries = functools.partial(_einsum, "bhgqk,bhgqd->bhkd")

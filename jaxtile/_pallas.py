@@ -11,6 +11,7 @@ stored; the mask description decides which tiles are visited at all.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from collections.abc import Callable, Sequence
 
@@ -20,6 +21,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from jaxtile import _softmax as sm
 from jaxtile._core import Config, Inputs
 from jaxtile.mask import MaskSpec
 from jaxtile.tuning import KernelTuning
@@ -76,14 +78,14 @@ class Tiles:
     block_k: int
 
     @classmethod
-    def fit(cls, tuning: KernelTuning, dims: Dims, dtype) -> Tiles:
+    def fit(cls, tuning: KernelTuning, dims: Dims, dtype, widest: int) -> Tiles:
         """The tuned (or requested) tiles, shrunk to a power of two >= 16 for short
-        sequences, and capped to what fits in a Hopper SM's shared memory: 128 for 16-bit
-        inputs and 64 for float32 (whose three-product TF32 dots stage more), halved for
-        head dims above 128. (An H200 refused 128-row float32 tiles at head dim 64.)"""
-        cap = (128 if jnp.dtype(dtype).itemsize == 2 else 64) // (
-            2 if max(dims.head_dim_p, dims.head_dim_v_p) > 128 else 1
-        )
+        sequences, and capped to what fits in a Hopper SM's shared memory: ``widest`` for
+        16-bit inputs, half that for float32 (whose three-product TF32 dots stage more),
+        halved again for head dims above 128. (An H200 refused 128-row float32 tiles in
+        FlashAttention-2's kernels, and 64-row ones in FlashAttention-1's backward.)"""
+        cap = widest // (1 if jnp.dtype(dtype).itemsize == 2 else 2)
+        cap //= 2 if max(dims.head_dim_p, dims.head_dim_v_p) > 128 else 1
         return cls(
             min(tuning.block_q, cap, next_pow2(dims.q_len)),
             min(tuning.block_k, cap, next_pow2(dims.kv_len)),
@@ -288,12 +290,12 @@ class Kernel:
     config: Config
     dims: Dims
     tiles: Tiles
-    dtype: str
 
     @classmethod
-    def create(cls, inputs: Inputs, config: Config, tuning: KernelTuning) -> Kernel:
+    def create(cls, inputs: Inputs, config: Config, tuning: KernelTuning, widest: int) -> Kernel:
+        """``widest``: the largest tile side `Tiles.fit` allows for 16-bit inputs."""
         dims = Dims.of(inputs)
-        return cls(config, dims, Tiles.fit(tuning, dims, inputs.q.dtype), jnp.dtype(inputs.q.dtype).name)
+        return cls(config, dims, Tiles.fit(tuning, dims, inputs.q.dtype, widest))
 
     def dot(self, a, b, *, trans_a: bool = False, trans_b: bool = False):
         """``a @ b`` (optionally transposed) with float32 accumulation. float32 inputs get
@@ -301,10 +303,28 @@ class Kernel:
         would be one, ~1e-3 relative; IEEE products on CUDA cores compile and run an
         order of magnitude slower), exact products in interpret mode."""
         precision = None
-        if self.dtype == "float32":
+        if a.dtype == jnp.float32:
             gpu = self.config.platform == "gpu"
             precision = lax.DotAlgorithmPreset.TF32_TF32_F32_X3 if gpu else lax.Precision.HIGHEST
         return plgpu.dot(a, b, trans_a=trans_a, trans_b=trans_b, precision=precision)
+
+    def masked_dot(self, p, x, visible=None, *, trans_a: bool = False):
+        """``p @ x`` (``pᵀ @ x`` with ``trans_a``) for a float32 tile ``p`` whose masked
+        entries are 0, rounded to ``x``'s dtype for the matrix units; through
+        `sm.masked_dot`, so a non-finite ``x`` reaches only the rows that see it."""
+        return sm.masked_dot(functools.partial(self.dot, trans_a=trans_a), p.astype(x.dtype), x, visible)
+
+    def ds_dot(self, ds, x, visible=None, *, trans_a: bool = False):
+        """`masked_dot` for ``dS``, which unlike ``P`` is unbounded: in float16 each output
+        row's entries of ``dS`` are divided by a power of two that brings them under 2**15
+        and the product is multiplied back (``|dS|`` can exceed float16's 65504 where dQ
+        and dK do not)."""
+        if x.dtype != jnp.float16:
+            return self.masked_dot(ds, x, visible, trans_a=trans_a)
+        peak = jnp.max(jnp.abs(ds), axis=0 if trans_a else 1)
+        inv_scale = jnp.where(peak > 2.0**15, jnp.exp2(15.0 - jnp.ceil(jnp.log2(peak))), 1.0)
+        scaled = ds * (inv_scale[None, :] if trans_a else inv_scale[:, None])
+        return self.masked_dot(scaled, x, visible, trans_a=trans_a) / inv_scale[:, None]
 
     def barrier(self) -> None:
         """Orders this program's earlier global-memory writes before its later reads

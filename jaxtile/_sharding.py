@@ -16,7 +16,8 @@ replicated over the head shards, each device slices out the kv head of its query
 and the backward pass sums dK and dV over the head shards (the one communication this
 layout needs). Other head shardings are gathered. Inside ``shard_map`` the wrapper
 lowers to the plain implementation, and under ``vmap`` it steps aside for the
-implementation's own batching rule.
+implementation's own batching rule. Arrays sharded in their types (a mesh with
+``Explicit`` axes) take the same layout through ``shard_map`` instead.
 
 The implementation must come from `_core.differentiable` and save per-row statistics
 shaped ``[batch, num_heads, ...]`` (the lse, or ``(m, l)``); one that saves anything else
@@ -214,4 +215,45 @@ def partitioned(attention: Attention) -> Attention:
         roles = ((_INPUTS, _SEQ_Q, _ROWS, _SEQ_Q, _ROWS), (_SEQ_Q, _SEQ_K, _SEQ_K))
         return _per_shard(backward, *roles, (inputs, out, stats, dout, dlse), config)
 
-    return differentiable(forward_shards, backward_shards)
+    auto = differentiable(forward_shards, backward_shards)
+
+    def attend(inputs: Inputs, config: Config):
+        if _explicit_sharding(inputs) is None:
+            return auto(inputs, config)
+        return _explicit_shards(attention, inputs, config)
+
+    return attend
+
+
+def _explicit_sharding(inputs: Inputs) -> NamedSharding | None:
+    """The query's sharding if any input is sharded in its type (a mesh with ``Explicit``
+    axes), else None."""
+    shardings = [getattr(jax.typeof(x), "sharding", None) for x in jax.tree.leaves(inputs)]
+    if any(isinstance(s, NamedSharding) and any(e is not None for e in s.spec) for s in shardings):
+        return shardings[0]
+    return None
+
+
+def _explicit_shards(attention: Attention, inputs: Inputs, config: Config):
+    """``attention`` per batch/head shard inside ``shard_map``, for inputs sharded in their
+    types (where ``custom_partitioning`` and Pallas refs do not apply): the same layout as
+    the partitioned path, inputs resharded to it first (sequences gathered), and with
+    shared kv heads each device slicing out its own (``shard_map`` sums their gradients)."""
+    sharding = _explicit_sharding(inputs)
+    num_heads, num_kv_heads = inputs.q.shape[2], inputs.k.shape[2]
+    layout = _Layout.create(sharding.mesh, sharding, num_heads, num_kv_heads)
+    roles = _roles(inputs, _INPUTS)
+    specs = jax.tree.map(lambda role, x: layout.spec(role, x.shape), roles, inputs)
+    inputs = jax.tree.map(lambda x, spec: jax.sharding.reshard(x, NamedSharding(sharding.mesh, spec)), inputs, specs)
+
+    def local(inputs: Inputs):
+        if layout.shared_kv:
+            head = lax.axis_index(layout.heads) // (layout.head_shards // num_kv_heads)
+            k, v = (lax.dynamic_slice_in_dim(x, head, 1, 2) for x in (inputs.k, inputs.v))
+            inputs = inputs._replace(k=k, v=v)
+        return attention(inputs, config)
+
+    out_specs = (layout.spec(_SEQ_Q, inputs.q.shape), layout.spec(_ROWS, (0, 0, 0)))
+    # Off-GPU, Pallas kernels are interpreted in a loop that drops varying mesh axes.
+    check_vma = config.platform == "gpu"
+    return jax.shard_map(local, mesh=sharding.mesh, in_specs=(specs,), out_specs=out_specs, check_vma=check_vma)(inputs)

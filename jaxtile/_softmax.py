@@ -146,33 +146,49 @@ def lse_base2(lse):
 def stats_base2(m, l):
     """FlashAttention-1's ``(m, l)`` as its backward pass consumes them: ``(m, 1 / l)``,
     with ``m = +inf`` and ``1 / l = 0`` on empty rows so their probabilities are 0.
-    ``P = probabilities(pre, m, ...) / l`` then (Algorithm 4, line 13)."""
+    ``P = probabilities(pre, m, ..., inv_l=1 / l)`` then (Algorithm 4, line 13)."""
     empty = l == 0.0
     return jnp.where(empty, jnp.inf, m), jnp.where(empty, 0.0, 1.0 / jnp.where(empty, 1.0, l))
 
 
-def probabilities(pre, lse2, logits: Logits, visible=None, exp2=jnp.exp2):
-    """Recomputed probabilities ``P = exp2(s2 - lse2)`` (Algorithm 2, line 11).
+def probabilities(pre, lse2, logits: Logits, visible=None, exp2=jnp.exp2, inv_l=None):
+    """Recomputed probabilities ``P = exp2(s2 - lse2)`` (Algorithm 2, line 11), or
+    FlashAttention-1's ``P = diag(l)^-1 exp2(s2 - m)`` given ``lse2 = m`` and ``inv_l``
+    (Algorithm 4, line 13; `stats_base2`).
 
-    ``lse2`` (from `lse_base2`) broadcasts against ``pre``: ``[..., rows, 1]``, or
-    ``[1, rows]`` for kernels that form the scores transposed.
+    ``lse2`` and ``inv_l`` broadcast against ``pre``: ``[..., rows, 1]``, or ``[1, rows]``
+    for kernels that form the scores transposed. Masked entries are 0 even on rows whose
+    statistics are NaN.
     """
     p = exp2(pre * logits.factor - lse2)
+    if inv_l is not None:
+        p = p * inv_l
     if visible is not None:
         p = jnp.where(visible, p, 0.0)
     return p
 
 
-def keep_seen_keys(kv, visible, query_axes):
-    """``kv [..., cols, dim]`` with the rows of keys that no query of the tile sees set to
-    0, so that a NaN or Inf there (padding, an unfilled cache) cannot reach other rows
-    through the ``0 · x`` of a matrix product.
+def masked_dot(dot, p, v, visible=None):
+    """``dot(p, v)``, the product ``P V`` of a tile whose masked probabilities are 0, as if
+    the masked entries were absent: a NaN or Inf in row ``j`` of ``v`` reaches exactly the
+    rows ``i`` with ``visible[i, j]`` (a plain product's ``0 · NaN`` reaches every row).
 
-    ``visible [..., rows, cols]``; ``query_axes`` are reduced (the rows, and in the lax
-    loops also the query heads of a group).
+    ``dot`` contracts the key axis of ``p`` (and of ``visible``, same shape or broadcasting
+    to it) with the rows of ``v`` into float32. Non-finite entries of ``v`` enter the
+    product as 0; two exact products of 0/±1 matrices then count, per output entry, the
+    non-finite values its row sees and the sum of the signs of the infinite ones: all
+    infinities of one sign give ±inf, anything else NaN. ``visible=None`` (a tile with no
+    masked entry) is the plain product.
     """
-    seen = jnp.max(visible.astype(jnp.int32), axis=query_axes) > 0
-    return jnp.where(seen[..., None], kv, 0)
+    if visible is None:
+        return dot(p, v)
+    finite = jnp.abs(v) < jnp.inf  # False for ±inf and NaN
+    product = dot(p, jnp.where(finite, v, 0))
+    seen = jnp.broadcast_to(visible, p.shape).astype(jnp.bfloat16)
+    count = dot(seen, jnp.where(finite, 0.0, 1.0).astype(jnp.bfloat16))
+    sign = dot(seen, jnp.where(v == jnp.inf, 1.0, jnp.where(v == -jnp.inf, -1.0, 0.0)).astype(jnp.bfloat16))
+    special = jnp.where(count == jnp.abs(sign), sign * jnp.inf, jnp.nan)
+    return jnp.where(count > 0, special, product)
 
 
 def score_grad(p, dp, delta, pre, logits: Logits, visible=None):

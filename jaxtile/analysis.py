@@ -186,15 +186,16 @@ def _kernels(shape: _Shape, fa1: bool, backward: bool) -> tuple[int, int]:
     FlashAttention-2 writes out and lse directly; its backward pass adds ``D`` and the
     base-2 lse, one float32 row each. FlashAttention-1 keeps the running output in a
     float32 buffer with ``m`` and ``l`` (forward) and accumulates dQ in float32 beside
-    ``m`` and ``1/l`` (backward).
+    ``m`` and ``1/l`` (backward); for float32 inputs the buffers are the outputs.
     """
     row = shape.batch * shape.num_heads * shape.q_len * _F32
     stats = 2 if fa1 else 1
-    forward = shape.q(shape.head_dim_v, _F32) + 2 * row if fa1 else 0
+    buffers = fa1 and shape.itemsize != _F32
+    forward = (shape.q(shape.head_dim_v, _F32) if buffers else 0) + (2 * row if fa1 else 0)
     if not backward:
         return 0, forward
     residuals = shape.q(shape.head_dim_v, shape.itemsize) + stats * row
-    backward_temps = (shape.q(shape.head_dim, _F32) if fa1 else 0) + 2 * row
+    backward_temps = (shape.q(shape.head_dim, _F32) if buffers else 0) + 2 * row
     return residuals, max(forward, backward_temps)
 
 

@@ -36,6 +36,7 @@ from jaxtile._core import Config, Inputs, differentiable
 # FlashAttention-1 holds O_i in registers next to S_ij; smaller tiles than FA2's.
 _DEFAULT = tn.KernelTuning(64, 64, 4, 2)
 _DEFAULT_WIDE = tn.KernelTuning(32, 32, 4, 1)  # head dims above 128, or float32
+_WIDEST = 64  # requested tiles are capped to this (16-bit inputs; see `pk.Tiles.fit`)
 
 
 def _tuning(inputs: Inputs, config: Config) -> tuple[tn.KernelTuning, tn.KernelTuning]:
@@ -79,8 +80,7 @@ def _forward_kernel(*refs, kernel: pk.Kernel):
         visible = runtime.visible(spec, b, h, q_start, bq, kv_start, bk) if masked else None
         # Line 10: m~_ij, P~_ij = exp(S_ij - m~_ij), l~_ij.
         p, m_ij, l_ij = sm.tile_softmax(pre, logits, visible, kernel.exp2)
-        v_seen = sm.keep_seen_keys(v_j, visible, 0) if masked else v_j
-        pv = kernel.dot(p.astype(v_j.dtype), v_seen)
+        pv = kernel.masked_dot(p, v_j, visible)
         # Lines 11-12: m_new, l_new; O_i <- diag(l_new)^-1 (diag(l_i) e^(m_i - m_new) O_i + e^(m~ - m_new) P~ V_j).
         o_i, m_i, l_i = sm.rescaled_update(o_i, m_i, l_i, pv, m_ij, l_ij, kernel.exp2)
         # Lines 12-13: write O_i, l_i, m_i back to HBM.
@@ -108,7 +108,7 @@ def _forward_kernel(*refs, kernel: pk.Kernel):
 
 def _forward(inputs: Inputs, config: Config):
     forward, _ = _tuning(inputs, config)
-    kernel = pk.Kernel.create(inputs, config, forward)
+    kernel = pk.Kernel.create(inputs, config, forward, _WIDEST)
     dims = kernel.dims
     stat = jax.ShapeDtypeStruct((dims.batch, dims.num_heads, dims.q_len), jnp.float32)
     out, m, l = pk.launch(
@@ -156,7 +156,7 @@ def _backward_kernel(*refs, kernel: pk.Kernel):
         # Lines 11-13: S_ij = τ Q_i K_jᵀ, masked; P_ij = diag(l_i)^-1 exp(S_ij - m_i).
         pre = logits.pre(kernel.dot(q_i, k_j, trans_b=True))
         visible = runtime.visible(spec, b, h, q_start, bq, kv_start, bk) if masked else None
-        p = sm.probabilities(pre, m_i[:, None], logits, visible, kernel.exp2) * inv_l_i[:, None]
+        p = sm.probabilities(pre, m_i[:, None], logits, visible, kernel.exp2, inv_l_i[:, None])
         # Line 16: dV_j += P_ijᵀ dO_i.
         dv_j += kernel.dot(p.astype(do_i.dtype), do_i, trans_a=True)
         # Lines 17-20: dP_ij = dO_i V_jᵀ; D_i = rowsum(dO_i ∘ O_i); dS_ij = P_ij ∘ (dP_ij - D_i).
@@ -166,12 +166,11 @@ def _backward_kernel(*refs, kernel: pk.Kernel):
         ds = sm.score_grad(p, dp, d_i[:, None], pre, logits, visible)
         # Line 21: dQ_i += dS_ij K_j, read and written back to HBM.
         dq_i = pk.load_tile(dq_ref, b, h, q_start, bq, dims.q_len, dims.head_dim, ragged=ragged_q)
-        k_seen = sm.keep_seen_keys(k_j, visible, 0) if masked else k_j
-        dq_i += kernel.dot(ds.astype(k_j.dtype), k_seen)
+        dq_i += kernel.ds_dot(ds, k_j, visible)
         pk.store_tile(dq_ref, b, h, q_start, dq_i, dims.q_len, dims.head_dim)
         kernel.barrier()
         # Line 22: dK_j += dS_ijᵀ Q_i.
-        dk_j += kernel.dot(ds.astype(q_i.dtype), q_i, trans_a=True)
+        dk_j += kernel.ds_dot(ds, q_i, visible, trans_a=True)
         return dk_j, dv_j
 
     def kv_step(j, carry):
@@ -203,7 +202,7 @@ def _backward_kernel(*refs, kernel: pk.Kernel):
 def _backward(inputs: Inputs, out, stats, dout, dlse, config: Config):
     """Algorithm 4 in one kernel; returns ``(dq, dk, dv)``."""
     _, backward = _tuning(inputs, config)
-    kernel = pk.Kernel.create(inputs, config, backward)
+    kernel = pk.Kernel.create(inputs, config, backward, _WIDEST)
     dims = kernel.dims
     m, inv_l = sm.stats_base2(*stats)
     dq, dk, dv = pk.launch(

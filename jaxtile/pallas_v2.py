@@ -29,6 +29,8 @@ from jaxtile import _softmax as sm
 from jaxtile import tuning as tn
 from jaxtile._core import Config, Inputs, differentiable
 
+_WIDEST = 128  # requested tiles are capped to this (16-bit inputs; see `pk.Tiles.fit`)
+
 
 def _tuning(inputs: Inputs, config: Config) -> tn.Tuning:
     """The launch parameters of this call: the user's, autotuned, or the table's."""
@@ -93,9 +95,7 @@ def _forward_kernel(*refs, kernel: pk.Kernel):
         # Lines 9-10: online softmax; O_i = diag(exp(m_old - m_new)) O_i + P_ij V_j.
         p, alpha, m_i, l_i = sm.online_softmax(pre, m_i, l_i, logits, visible, kernel.exp2)
         v_j = pk.load_tile(v_ref, b, h_kv, kv_start, bk, dims.kv_len, dims.head_dim_v, ragged=masked)
-        if masked:
-            v_j = sm.keep_seen_keys(v_j, visible, 0)
-        pv = kernel.dot(p.astype(v_j.dtype), v_j)
+        pv = kernel.masked_dot(p, v_j, visible)
         return acc * alpha[:, None] + pv, m_i, l_i
 
     carry = (
@@ -113,7 +113,7 @@ def _forward_kernel(*refs, kernel: pk.Kernel):
 
 def _forward(inputs: Inputs, config: Config):
     tuning = _tuning(inputs, config)
-    kernel = pk.Kernel.create(inputs, config, tuning.forward)
+    kernel = pk.Kernel.create(inputs, config, tuning.forward, _WIDEST)
     dims = kernel.dims
     out, lse = pk.launch(
         functools.partial(_forward_kernel, kernel=kernel),
@@ -164,7 +164,7 @@ def _dkdv_kernel(*refs, kernel: pk.Kernel):
         delta = pk.load_row_stat(delta_ref, b, h, q_start, bq, dims.q_len, 0.0)
         ds_t = sm.score_grad(p_t, dp_t, delta[None, :], pre_t, logits, visible)
         # Line 16: dK_j += dSᵀ Q_i.
-        dk_j += kernel.dot(ds_t.astype(q_i.dtype), q_i)
+        dk_j += kernel.ds_dot(ds_t, q_i, visible)
         return dk_j, dv_j
 
     def one_head(g, carry):
@@ -204,9 +204,7 @@ def _dq_kernel(*refs, kernel: pk.Kernel):
         v_j = pk.load_tile(v_ref, b, h_kv, kv_start, bk, dims.kv_len, dims.head_dim_v, ragged=masked)
         dp = kernel.dot(do_i, v_j, trans_b=True)
         ds = sm.score_grad(p, dp, delta[:, None], pre, logits, visible)
-        if masked:
-            k_j = sm.keep_seen_keys(k_j, visible, 0)
-        return dq_i + kernel.dot(ds.astype(k_j.dtype), k_j)
+        return dq_i + kernel.ds_dot(ds, k_j, visible)
 
     dq_i = jnp.zeros((bq, dims.head_dim_p), jnp.float32)
     for span in spec.kv_spans(t, bq, bk):
@@ -218,11 +216,11 @@ def _backward(inputs: Inputs, out, lse, dout, dlse, config: Config):
     """Algorithm 2 as a dK/dV kernel and a dQ kernel; returns ``(dq, dk, dv)``."""
     tuning = _tuning(inputs, config)
     # Line 4: D_i = rowsum(dO_i ∘ O_i), minus the lse cotangent; lse in base 2.
-    delta = jnp.einsum("bqhd,bqhd->bhq", dout.astype(jnp.float32), out.astype(jnp.float32)) - dlse
+    delta = jnp.swapaxes(jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), axis=-1), 1, 2) - dlse
     lse2 = sm.lse_base2(lse)
     operands = [inputs.q, inputs.k, inputs.v, dout, lse2, delta, *pk.runtime_inputs(inputs)]
 
-    kdkv = pk.Kernel.create(inputs, config, tuning.dkdv)
+    kdkv = pk.Kernel.create(inputs, config, tuning.dkdv, _WIDEST)
     dims = kdkv.dims
     dk, dv = pk.launch(
         functools.partial(_dkdv_kernel, kernel=kdkv),
@@ -236,7 +234,7 @@ def _backward(inputs: Inputs, out, lse, dout, dlse, config: Config):
         config=config,
         name="jaxtile_fa2_dkdv",
     )
-    kdq = pk.Kernel.create(inputs, config, tuning.dq)
+    kdq = pk.Kernel.create(inputs, config, tuning.dq, _WIDEST)
     (dq,) = pk.launch(
         functools.partial(_dq_kernel, kernel=kdq),
         num_programs=kdq.tiles.num_q_tiles(dims) * dims.batch * dims.num_heads,

@@ -1,15 +1,19 @@
 """``implementation="reference"``: materialised ``softmax(QKᵀ)V`` in float32.
 
 The in-JAX oracle. It builds the full ``[batch, heads, q_len, kv_len]`` score matrix,
-so it needs O(N²) memory; gradients come from JAX's own autodiff. It shares only the
-mask description with the tiled implementations, none of their arithmetic.
+so it needs O(N²) memory; gradients come from JAX's own autodiff. It shares the mask
+description with the tiled implementations, and `masked_dot` for ``P V`` (so that a NaN in
+``v`` reaches only the rows that see its key), none of their softmax arithmetic.
 """
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
+from jaxtile import _softmax as sm
 from jaxtile._core import Config, Inputs
 
 
@@ -43,7 +47,7 @@ def attention(inputs: Inputs, config: Config) -> tuple[jax.Array, jax.Array]:
     p = jnp.exp(s - jnp.where(m == -jnp.inf, 0.0, m))
     l = jnp.sum(p, axis=-1, keepdims=True)
     empty = l == 0.0
-    out = jnp.einsum("bhgqk,bkhd->bqhgd", p / jnp.where(empty, 1.0, l), v, precision="highest")
+    out = _weighted_values(p / jnp.where(empty, 1.0, l), v, visible)
     lse = jnp.where(empty, -jnp.inf, m + jnp.log(jnp.where(empty, 1.0, l)))[..., 0]
     out = out.reshape(batch, q_len, num_heads, v.shape[-1]).astype(inputs.q.dtype)
     return out, lse.reshape(batch, num_heads, q_len)
@@ -57,3 +61,20 @@ def _dense(mask, num_kv_heads, group):
     if h == 1:
         return mask[:, :, None]
     return mask.reshape(b, num_kv_heads, group, q, k)
+
+
+_pv = functools.partial(jnp.einsum, "bhgqk,bkhd->bqhgd", precision="highest")
+
+
+@jax.custom_jvp
+def _weighted_values(p, v, visible):
+    """``P V``: ``p [b, h, g, q, k]``, ``v [b, k, h, d]`` -> ``[b, q, h, g, d]``, masked
+    entries of ``p`` absent (`sm.masked_dot`); differentiated as the plain product."""
+    return sm.masked_dot(_pv, p, v, visible)
+
+
+@_weighted_values.defjvp
+def _weighted_values_jvp(primals, tangents):
+    p, v, visible = primals
+    dp, dv, _ = tangents
+    return _weighted_values(p, v, visible), _pv(dp, v) + _pv(p, dv)

@@ -55,13 +55,12 @@ def _forward(inputs: Inputs, config: Config):
         q_i = lt.rows(x.q, t, bq, 3)
         o_i, m_i, l_i = lt.rows(o, t, bq, 3), lt.rows(m, t, bq, 3), lt.rows(l, t, bq, 3)
         # Line 9: S_ij = Q_i K_jᵀ (as ``pre``; the scale is folded into the exponentials).
-        qk = jnp.einsum("bhgqd,bhkd->bhgqk", q_i, k_j, preferred_element_type=jnp.float32)
+        qk = lt.scores(q_i, k_j)
         pre = logits.pre(qk)
         vis = lt.visible(spec, x, tiling, t, u) if masked else None
         # Line 10: m~_ij = rowmax(S_ij), P~_ij = exp(S_ij - m~_ij), l~_ij = rowsum(P~_ij).
         p, m_ij, l_ij = sm.tile_softmax(pre, logits, vis)
-        v_seen = sm.keep_seen_keys(v_j, vis, (2, 3)) if masked else v_j
-        pv = jnp.einsum("bhgqk,bhkd->bhgqd", p.astype(v_j.dtype), v_seen, preferred_element_type=jnp.float32)
+        pv = sm.masked_dot(lt.over_keys, p.astype(v_j.dtype), v_j, vis)
         # Lines 11-12: m_new, l_new; O_i <- diag(l_new)^-1 (diag(l_i) e^(m_i - m_new) O_i + e^(m~_ij - m_new) P~_ij V_j).
         o_i, m_i, l_i = sm.rescaled_update(o_i, m_i, l_i, pv, m_ij, l_ij)
         # Lines 12-13: write O_i, l_i, m_i back.
@@ -116,25 +115,24 @@ def _backward(inputs: Inputs, out, stats, dout, dlse, config: Config):
         q_i, o_i, do_i = (lt.rows(a, t, bq, 3) for a in (x.q, o, do))
         m_i, inv_l_i = lt.rows(m, t, bq, 3), lt.rows(inv_l, t, bq, 3)
         # Lines 11-12: S_ij = τ Q_i K_jᵀ and its mask.
-        qk = jnp.einsum("bhgqd,bhkd->bhgqk", q_i, k_j, preferred_element_type=jnp.float32)
+        qk = lt.scores(q_i, k_j)
         pre = logits.pre(qk)
         vis = lt.visible(spec, x, tiling, t, u) if masked else None
         # Line 13: P_ij = diag(l_i)^-1 exp(S_ij - m_i).
-        p = sm.probabilities(pre, m_i[..., None], logits, vis) * inv_l_i[..., None]
+        p = sm.probabilities(pre, m_i[..., None], logits, vis, inv_l=inv_l_i[..., None])
         # Line 16: dV_j += P_ijᵀ dO_i (summed over the group's query heads).
-        dv_j += jnp.einsum("bhgqk,bhgqd->bhkd", p.astype(do.dtype), do_i, preferred_element_type=jnp.float32)
+        dv_j += lt.over_queries(p.astype(do.dtype), do_i)
         # Line 17: dP_ij = dO_i V_jᵀ.
-        dp = jnp.einsum("bhgqd,bhkd->bhgqk", do_i, v_j, preferred_element_type=jnp.float32)
+        dp = lt.scores(do_i, v_j)
         # Line 19: D_i = rowsum(dO_i ∘ O_i); the lse cotangent enters the same place.
         d_i = jnp.sum(do_i.astype(jnp.float32) * o_i.astype(jnp.float32), axis=-1) - lt.rows(dlse, t, bq, 3)
         # Line 20: dS_ij = P_ij ∘ (dP_ij - D_i), with τ (and a soft cap's derivative).
         ds = sm.score_grad(p, dp, d_i[..., None], pre, logits, vis)
         # Line 21: dQ_i += dS_ij K_j, written back.
-        k_seen = sm.keep_seen_keys(k_j, vis, (2, 3)) if masked else k_j
-        dq_i = lt.rows(dq, t, bq, 3) + jnp.einsum("bhgqk,bhkd->bhgqd", ds, k_seen, preferred_element_type=jnp.float32)
+        dq_i = lt.rows(dq, t, bq, 3) + sm.masked_dot(lt.over_keys, ds, k_j, vis)
         dq = lax.dynamic_update_slice_in_dim(dq, dq_i, t * bq, 3)
         # Line 22: dK_j += dS_ijᵀ Q_i.
-        dk_j += jnp.einsum("bhgqk,bhgqd->bhkd", ds, q_i, preferred_element_type=jnp.float32)
+        dk_j += sm.masked_dot(lt.over_queries, ds, q_i, vis)
         return dq, dk_j, dv_j
 
     def kv_step(dq, u):

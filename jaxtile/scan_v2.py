@@ -37,13 +37,11 @@ def _forward(inputs: Inputs, config: Config):
         acc, m_i, l_i = carry
         k_j = lt.rows(x.k, u, tiling.block_k, 2)
         v_j = lt.rows(x.v, u, tiling.block_k, 2)
-        qk = jnp.einsum("bhgqd,bhkd->bhgqk", q_i, k_j, preferred_element_type=jnp.float32)
+        qk = lt.scores(q_i, k_j)
         pre = logits.pre(qk)
         vis = lt.visible(spec, x, tiling, t, u) if masked else None
         p, alpha, m_i, l_i = sm.online_softmax(pre, m_i, l_i, logits, vis)
-        if masked:
-            v_j = sm.keep_seen_keys(v_j, vis, (2, 3))
-        pv = jnp.einsum("bhgqk,bhkd->bhgqd", p.astype(v_j.dtype), v_j, preferred_element_type=jnp.float32)
+        pv = sm.masked_dot(lt.over_keys, p.astype(v_j.dtype), v_j, vis)
         return acc * alpha[..., None] + pv, m_i, l_i
 
     def q_step(_, t):
@@ -93,21 +91,20 @@ def _backward(inputs: Inputs, out, lse, dout, dlse, config: Config):
         q_i = lt.rows(x.q, t, bq, 3)
         do_i = lt.rows(do, t, bq, 3)
         # Lines 10-11: recompute S_ij and P_ij = exp(S_ij - L_i).
-        qk = jnp.einsum("bhgqd,bhkd->bhgqk", q_i, k_j, preferred_element_type=jnp.float32)
+        qk = lt.scores(q_i, k_j)
         pre = logits.pre(qk)
         vis = lt.visible(spec, x, tiling, t, u) if masked else None
         p = sm.probabilities(pre, lt.rows(lse2, t, bq, 3)[..., None], logits, vis)
         # Line 12: dV_j += P_ijᵀ dO_i (summed over the group's query heads).
-        dv_j += jnp.einsum("bhgqk,bhgqd->bhkd", p.astype(do.dtype), do_i, preferred_element_type=jnp.float32)
+        dv_j += lt.over_queries(p.astype(do.dtype), do_i)
         # Lines 13-14: dP_ij = dO_i V_jᵀ, dS_ij = P_ij ∘ (dP_ij - D_i).
-        dp = jnp.einsum("bhgqd,bhkd->bhgqk", do_i, v_j, preferred_element_type=jnp.float32)
+        dp = lt.scores(do_i, v_j)
         ds = sm.score_grad(p, dp, lt.rows(delta, t, bq, 3)[..., None], pre, logits, vis)
         # Line 15: dQ_i += dS_ij K_j, read and written back in place.
-        k_seen = sm.keep_seen_keys(k_j, vis, (2, 3)) if masked else k_j
-        dq_i = lt.rows(dq, t, bq, 3) + jnp.einsum("bhgqk,bhkd->bhgqd", ds, k_seen, preferred_element_type=jnp.float32)
+        dq_i = lt.rows(dq, t, bq, 3) + sm.masked_dot(lt.over_keys, ds, k_j, vis)
         dq = lax.dynamic_update_slice_in_dim(dq, dq_i, t * bq, 3)
         # Line 16: dK_j += dS_ijᵀ Q_i.
-        dk_j += jnp.einsum("bhgqk,bhgqd->bhkd", ds, q_i, preferred_element_type=jnp.float32)
+        dk_j += sm.masked_dot(lt.over_queries, ds, q_i, vis)
         return dq, dk_j, dv_j
 
     def kv_step(dq, u):

@@ -1,6 +1,7 @@
 """Compares jaxtile's implementations with an independent float64 PyTorch attention.
 
-Usage: ``python -m parity [--impl NAME]... [--quick | --full] [-k SUBSTRING] [--json PATH]``.
+Usage: ``python -m parity [--impl NAME]... [--quick | --full] [-k SUBSTRING] [--shard I/N] [--json PATH]``
+(``python -m parity.merge`` joins the JSON reports of a sweep split with ``--shard`` or ``--impl``).
 
 Prints one row per case and implementation (errors of out, lse, dq, dk, dv as
 ``rel_l2/max_err``, the tolerance, agreement with the second opinions, pass or fail,
@@ -13,15 +14,23 @@ import argparse
 import json
 import pathlib
 import sys
+import time
 
 import torch
 from tqdm import tqdm
 
 from parity.cases import CASE_SETS, select
-from parity.report import Table, environment
-from parity.run import available_implementations, implementation_name, resolve_implementation
+from parity.report import Report, Table, environment
+from parity.run import Result, available_implementations, implementation_name, resolve_implementation
 from parity.second_opinions import SECOND_OPINIONS
 from parity.suite import run_suite
+
+
+def _shard(text: str) -> tuple[int, int]:
+    index, _, count = text.partition("/")
+    if not (index.isdigit() and count.isdigit() and 1 <= int(index) <= int(count)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not I/N with 1 <= I <= N")
+    return int(index), int(count)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -43,11 +52,23 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--device", choices=("cpu", "cuda"), help="where the torch reference runs (default: cuda if torch sees one)"
     )
+    parser.add_argument(
+        "--shard",
+        type=_shard,
+        default=(1, 1),
+        metavar="I/N",
+        help="only every N-th selected case, from the I-th (1-based): one of N processes of a sweep",
+    )
     parser.add_argument("--json", type=pathlib.Path, metavar="PATH", help="also write the report as JSON")
     parser.add_argument(
         "--no-second-opinions", dest="second_opinions", action="store_false", help="skip torch SDPA and jax.nn"
     )
     return parser
+
+
+def _write(path: pathlib.Path, report: Report, metadata: dict, complete: bool) -> None:
+    document = report.to_json(**metadata, complete=complete)
+    path.write_text(json.dumps(document, indent=1, allow_nan=False) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,9 +78,10 @@ def main(argv: list[str] | None = None) -> int:
         implementations = [resolve_implementation(s) for s in args.impl] if args.impl else available_implementations()
     except (ValueError, ImportError, AttributeError) as error:
         parser.error(f"--impl: {error}")
-    cases = select(CASE_SETS[args.case_set], args.substring)
+    index, count = args.shard
+    cases = select(CASE_SETS[args.case_set], args.substring)[index - 1 :: count]
     if not cases:
-        parser.error(f"no case of the {args.case_set} set contains {args.substring!r}")
+        parser.error(f"no case of the {args.case_set} set contains {args.substring!r} (shard {index}/{count})")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda, but torch sees no CUDA device")
@@ -68,13 +90,19 @@ def main(argv: list[str] | None = None) -> int:
     table = Table.fitting((c.name for c in cases), [*names, *(o.name for o in SECOND_OPINIONS)])
     print(f"parity --{args.case_set}: {len(cases)} cases x {', '.join(names)}; torch reference on {device}")
     print(table.header())
+    options = {"case_set": args.case_set, "filter": args.substring, "shard": f"{index}/{count}"}
+    metadata = {**environment(device), "torch_reference_device": device, **options, "implementations": names}
+    done: list[Result] = []
+    start = time.perf_counter()
+
+    def on_result(result: Result) -> None:
+        tqdm.write(table.row(result))
+        done.append(result)
+        if args.json is not None:  # so that a run cut short keeps what it did
+            _write(args.json, Report(tuple(done), (), time.perf_counter() - start), metadata, complete=False)
+
     report = run_suite(
-        cases,
-        implementations,
-        device=device,
-        second_opinions=args.second_opinions,
-        on_result=lambda result: tqdm.write(table.row(result)),
-        progress=True,
+        cases, implementations, device=device, second_opinions=args.second_opinions, on_result=on_result, progress=True
     )
     for title, rows in (
         ("Failures", report.failures),
@@ -86,9 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(r.describe() for r in rows))
     print(f"\n{report.summary()}")
     if args.json is not None:
-        options = {"case_set": args.case_set, "filter": args.substring, "implementations": names}
-        document = report.to_json(**environment(device), torch_reference_device=device, **options)
-        args.json.write_text(json.dumps(document, indent=1, allow_nan=False) + "\n")
+        _write(args.json, report, metadata, complete=True)
     return 0 if report.ok else 1
 
 

@@ -109,9 +109,15 @@ def test_memory_usage_matches_xla(shape, implementation, backward):
     lse = 0 if backward else 4 * np.prod(batch) * h * n  # returned by the model, a temporary here
     # XLA adds a few bytes for the tuple of gradients.
     assert model.outputs - lse == pytest.approx(measured.output_size_in_bytes, rel=1e-3)
-    # Compiled together, residuals (and the unused lse) are temporaries to XLA.
-    ratio = measured.temp_size_in_bytes / (model.residuals + model.temporaries + lse)
-    assert 1 / MEMORY_FACTOR <= ratio <= MEMORY_FACTOR, f"measured / model = {ratio:.2f}"
+    # Compiled together, residuals (and the unused lse) are temporaries to XLA; on a GPU,
+    # XLA may place ``out``, dead once D is formed, in dQ's output buffer (the kernels'
+    # residuals are that one array and rows), so there only the rows must be measured.
+    extras = model.residuals + model.temporaries + lse
+    lower = model.temporaries if pallas and backward else extras
+    measured_temp = measured.temp_size_in_bytes
+    assert lower / MEMORY_FACTOR <= measured_temp <= MEMORY_FACTOR * extras, (
+        f"measured / model = {measured_temp / extras:.2f}"
+    )
     assert (model.residuals > 0) == backward
     assert model.total == model.inputs + model.outputs + model.residuals + model.temporaries
 

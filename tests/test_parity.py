@@ -17,6 +17,7 @@ import pytest
 import jaxtile
 from parity.__main__ import main
 from parity.cases import QUICK
+from parity.merge import main as merge_main
 from parity.run import Problem
 from parity.second_opinions import SECOND_OPINIONS
 from parity.suite import run_suite
@@ -145,8 +146,30 @@ def test_cli_fails_a_wrong_implementation(tmp_path):
     assert [(row["implementation"], row["ok"]) for row in report["rows"]] == [("scale_off_by_one_percent", False)]
 
 
+def test_cli_shards_merge_into_the_whole_run(tmp_path):
+    """``--shard`` parts of a run (here split further by ``--impl``) merge into the rows
+    and summary of the run in one piece; the JSON of each part is complete."""
+    common = ["-k", "flashtile_tile_", "--device", "cpu"]
+    whole, parts = tmp_path / "whole.json", [tmp_path / f"part{i}.json" for i in range(3)]
+    assert main([*common, "--impl", "scan_v2", "--impl", "scan_v1", "--json", str(whole)]) == 0
+    for path, (impl, shard) in zip(parts, [("scan_v2", "1/2"), ("scan_v2", "2/2"), ("scan_v1", "1/1")]):
+        assert main([*common, "--impl", impl, "--shard", shard, "--json", str(path)]) == 0
+    merged = tmp_path / "merged.json"
+    assert merge_main([str(merged), *map(str, parts)]) == 0
+    expected, got = json.loads(whole.read_text()), json.loads(merged.read_text())
+    assert got["complete"] and got["ok"] and [p["shard"] for p in got["parts"]] == ["1/2", "2/2", "1/1"]
+    assert sorted((r["case"], r["implementation"]) for r in got["rows"]) == sorted(
+        (r["case"], r["implementation"]) for r in expected["rows"]
+    )
+    assert got["summary"].split(" | ")[:3] == expected["summary"].split(" | ")[:3]  # all but the seconds
+    with pytest.raises(SystemExit):
+        merge_main([str(merged), str(parts[0]), str(parts[0])])
+
+
 @pytest.mark.parametrize(
-    "argv", [["-k", "no such case"], ["--impl", "no_such_implementation"]], ids=["filter", "implementation"]
+    "argv",
+    [["-k", "no such case"], ["--impl", "no_such_implementation"], ["--shard", "3/2"], ["--shard", "1"]],
+    ids=["filter", "implementation", "shard_index", "shard_format"],
 )
 def test_cli_rejects_bad_arguments(argv):
     with pytest.raises(SystemExit) as exit_info:

@@ -12,11 +12,13 @@ implementation whose module exists (Pallas ones in interpret mode).
 
 from __future__ import annotations
 
+import contextlib
+
 import host_devices
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxtile
@@ -157,6 +159,28 @@ def check_sequence_sharding_is_gathered_correctly():
     args = _arrays(2, seed=2)
     fn = _forward_backward("scan_v2", causal=True)
     _assert_matches(jax.jit(fn, in_shardings=(spec,) * 4)(*args), jax.jit(fn)(*args), "sequence-sharded")
+
+
+def check_explicit_sharding_in_types():
+    # A mesh with Explicit axes (jax.make_mesh's default in newer JAX): arrays carry their
+    # sharding in their types, and each layout above must work, gather-free, from them too.
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+    q_spec = P("data", None, "model")
+    for num_kv_heads, kv_spec in ((HEADS, q_spec), (4, q_spec), (1, P("data"))):
+        args = _arrays(num_kv_heads, seed=3)
+        for implementation in _available() if num_kv_heads == HEADS else ("scan_v2", *_pallas()):
+            fn = _forward_backward(implementation, causal=True)
+            what = f"{implementation}, {num_kv_heads} kv heads sharded {kv_spec} in types"
+            specs = (q_spec, kv_spec, kv_spec, q_spec)
+            sharded = [jax.device_put(x, NamedSharding(mesh, s)) for x, s in zip(args, specs)]
+            # Inside a mesh context for the first layout, outside it (types alone) for the others.
+            with jax.set_mesh(mesh) if num_kv_heads == HEADS else contextlib.nullcontext():
+                compiled = jax.jit(fn).lower(*sharded).compile()
+                got = compiled(*sharded)
+            counts = host_devices.collectives(compiled.as_text())
+            assert not any(counts[name] for name in GATHERS), f"{what}: {counts}"
+            assert got[0].sharding.spec == P("data", None, "model", None), f"{what}: {got[0].sharding}"
+            _assert_matches(got, jax.jit(fn)(*args), what)
 
 
 def test_on_eight_host_devices():
