@@ -226,11 +226,12 @@ def partitioned(attention: Attention) -> Attention:
 
 
 def _explicit_sharding(inputs: Inputs) -> NamedSharding | None:
-    """The query's sharding if any input is sharded in its type (a mesh with ``Explicit``
-    axes), else None."""
-    shardings = [getattr(jax.typeof(x), "sharding", None) for x in jax.tree.leaves(inputs)]
-    if any(isinstance(s, NamedSharding) and any(e is not None for e in s.spec) for s in shardings):
-        return shardings[0]
+    """The sharding of the first input sharded in its type (a mesh with ``Explicit``
+    axes), or None if there is none."""
+    for x in jax.tree.leaves(inputs):
+        sharding = getattr(jax.typeof(x), "sharding", None)
+        if isinstance(sharding, NamedSharding) and any(entry is not None for entry in sharding.spec):
+            return sharding
     return None
 
 
@@ -239,12 +240,13 @@ def _explicit_shards(attention: Attention, inputs: Inputs, config: Config):
     types (where ``custom_partitioning`` and Pallas refs do not apply): the same layout as
     the partitioned path, inputs resharded to it first (sequences gathered), and with
     shared kv heads each device slicing out its own (``shard_map`` sums their gradients)."""
-    sharding = _explicit_sharding(inputs)
+    mesh = _explicit_sharding(inputs).mesh
     num_heads, num_kv_heads = inputs.q.shape[2], inputs.k.shape[2]
-    layout = _Layout.create(sharding.mesh, sharding, num_heads, num_kv_heads)
+    q_spec = jax.typeof(inputs.q).sharding.spec  # P() if q itself is not sharded
+    layout = _Layout.create(mesh, NamedSharding(mesh, q_spec), num_heads, num_kv_heads)
     roles = _roles(inputs, _INPUTS)
     specs = jax.tree.map(lambda role, x: layout.spec(role, x.shape), roles, inputs)
-    inputs = jax.tree.map(lambda x, spec: jax.sharding.reshard(x, NamedSharding(sharding.mesh, spec)), inputs, specs)
+    inputs = jax.tree.map(lambda x, spec: jax.sharding.reshard(x, NamedSharding(mesh, spec)), inputs, specs)
 
     def local(inputs: Inputs):
         if layout.shared_kv:
@@ -256,4 +258,4 @@ def _explicit_shards(attention: Attention, inputs: Inputs, config: Config):
     out_specs = (layout.spec(_SEQ_Q, inputs.q.shape), layout.spec(_ROWS, (0, 0, 0)))
     # Off-GPU, Pallas kernels are interpreted in a loop that drops varying mesh axes.
     check_vma = config.platform == "gpu"
-    return jax.shard_map(local, mesh=sharding.mesh, in_specs=(specs,), out_specs=out_specs, check_vma=check_vma)(inputs)
+    return jax.shard_map(local, mesh=mesh, in_specs=(specs,), out_specs=out_specs, check_vma=check_vma)(inputs)

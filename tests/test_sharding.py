@@ -181,6 +181,12 @@ def check_explicit_sharding_in_types():
             assert not any(counts[name] for name in GATHERS), f"{what}: {counts}"
             assert got[0].sharding.spec == P("data", None, "model", None), f"{what}: {got[0].sharding}"
             _assert_matches(got, jax.jit(fn)(*args), what)
+    # Only k and v sharded in their types, q an ordinary array: q's (lack of) sharding decides.
+    args = _arrays(HEADS, seed=4)
+    fn = _forward_backward("scan_v2", causal=True)
+    kv = [jax.device_put(x, NamedSharding(mesh, P("data", None, "model"))) for x in args[1:3]]
+    got = jax.jit(fn)(args[0], *kv, args[3])
+    _assert_matches(got, jax.jit(fn)(*args), "scan_v2, only k and v sharded in types")
 
 
 def test_on_eight_host_devices():
