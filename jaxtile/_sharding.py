@@ -218,9 +218,9 @@ def partitioned(attention: Attention) -> Attention:
     auto = differentiable(forward_shards, backward_shards)
 
     def attend(inputs: Inputs, config: Config):
-        if _explicit_sharding(inputs) is None:
+        if (sharding := _explicit_sharding(inputs)) is None:
             return auto(inputs, config)
-        return _explicit_shards(attention, inputs, config)
+        return _explicit_shards(attention, sharding.mesh, inputs, config)
 
     return attend
 
@@ -235,12 +235,12 @@ def _explicit_sharding(inputs: Inputs) -> NamedSharding | None:
     return None
 
 
-def _explicit_shards(attention: Attention, inputs: Inputs, config: Config):
-    """``attention`` per batch/head shard inside ``shard_map``, for inputs sharded in their
-    types (where ``custom_partitioning`` and Pallas refs do not apply): the same layout as
-    the partitioned path, inputs resharded to it first (sequences gathered), and with
-    shared kv heads each device slicing out its own (``shard_map`` sums their gradients)."""
-    mesh = _explicit_sharding(inputs).mesh
+def _explicit_shards(attention: Attention, mesh, inputs: Inputs, config: Config):
+    """``attention`` per batch/head shard of ``mesh`` inside ``shard_map``, for inputs
+    sharded in their types (where ``custom_partitioning`` and Pallas refs do not apply):
+    the same layout as the partitioned path, inputs resharded to it first (sequences
+    gathered), and with shared kv heads each device slicing out its own (``shard_map``
+    sums their gradients)."""
     num_heads, num_kv_heads = inputs.q.shape[2], inputs.k.shape[2]
     q_spec = jax.typeof(inputs.q).sharding.spec  # P() if q itself is not sharded
     layout = _Layout.create(mesh, NamedSharding(mesh, q_spec), num_heads, num_kv_heads)
