@@ -183,18 +183,6 @@ def suites(args: argparse.Namespace) -> list[Suite]:
     return out
 
 
-def _git() -> dict:
-    root = Path(__file__).resolve().parents[1]
-    try:
-        commit = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
-        status = subprocess.run(
-            ["git", "-C", root, "status", "--porcelain"], capture_output=True, text=True, check=True
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return {}
-    return {"commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip())}
-
-
 class _Results:
     """results.json, rewritten every few seconds while the run goes on (so a run that is
     killed keeps what it measured) and once more at the end with ``complete: true``."""
@@ -259,7 +247,7 @@ def main(argv: list[str] | None = None) -> dict:
                 seed=args.seed,
                 quick=args.quick,
             ),
-            environment=dict(env, git=_git()),
+            environment=env,
             conventions=CONVENTIONS,
         )
         tasks, known = runner.plan(selected, impls, env)

@@ -2,32 +2,60 @@
 # Everything jaxtile checks and measures on an NVIDIA GPU, in stages that each fit one
 # device call (10 minutes). Run from the repository root on the GPU machine:
 #
-#   bash bench/gpu_session.sh check OUT   # the GPU tests of the kernels
-#   bash bench/gpu_session.sh parity OUT [IMPL...]  # parity --full, one process per implementation
-#   bash bench/gpu_session.sh bench OUT   # the matmul ceiling and the benchmark preset
-#   bash bench/gpu_session.sh ring OUT    # ring attention on 2 GPUs, then stress and soak
+#   bash bench/gpu_session.sh check OUT            # the kernels' GPU tests, the extremes compiled for real
+#   bash bench/gpu_session.sh perf OUT [ARGS...]   # python -m bench.check: jaxtile vs cuDNN, the committed floors
+#   bash bench/gpu_session.sh ab OUT A B [ARGS...] # python -m bench.ab: two versions (directories), each in its own process
+#   bash bench/gpu_session.sh tune OUT [ARGS...]   # python -m bench.tune: launch parameters of the kernels
+#   bash bench/gpu_session.sh parity OUT [IMPL...] # parity --full, one process per implementation
+#   bash bench/gpu_session.sh bench OUT            # the matmul ceiling and the benchmark preset
+#   bash bench/gpu_session.sh ring OUT             # ring attention on 2 GPUs, then stress and soak
 #
-# Results land in OUT; copy them to bench/results/<gpu>/ and parity/results/.
+# Peers that are not in the GPU image (tokamax) are installed from wheels in .whl/ when
+# that folder was carried along (see bench/check.py). Results land in OUT; copy them to
+# bench/results/<gpu>/ and parity/results/.
 set -uo pipefail
 stage=$1
 out=$2
+shift 2
 mkdir -p "$out"
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 
+peers() {
+    # tokamax imports xprof without needing it: an empty stub package is enough.
+    if [ -d .whl ] && ! python -c "import tokamax" 2>/dev/null; then
+        python -m pip install -q --no-deps --no-index .whl/*.whl 2>&1 | tail -1
+        stub=$(mktemp -d)
+        mkdir -p "$stub/xprof/cli" && touch "$stub/xprof/__init__.py" "$stub/xprof/cli/__init__.py" "$stub/xprof/cli/tools.py"
+        export PYTHONPATH="$PYTHONPATH:$stub"
+    fi
+}
+
 case "$stage" in
 check)
-    timeout 400 python -m pytest -q -p no:cacheprovider -p no:xdist tests/test_correctness.py tests/test_gpu.py \
-        tests/test_determinism.py tests/test_numerics.py tests/test_analysis.py -k "pallas or gpu" \
-        2>&1 | tee "$out/gpu_tests.log" | tail -5
+    XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 420 python -m pytest -q -p no:cacheprovider -n 8 \
+        tests/test_gpu.py tests/test_correctness.py tests/test_determinism.py tests/test_numerics.py \
+        -k "pallas or gpu" 2>&1 | tee "$out/gpu_tests.log" | tail -8
+    ;;
+perf)
+    peers
+    python -m bench.check --out "$out/check.json" "$@" 2>&1 | tee "$out/check.log" | grep -v "^\[bench\]"
+    ;;
+ab)
+    a=$1
+    b=$2
+    shift 2
+    python -m bench.ab "$a" "$b" --out "$out/ab.json" "$@" 2>&1 | tee "$out/ab.log" | tail -40
+    ;;
+tune)
+    python -m bench.tune --out "$out/tune.json" "$@" 2>&1 | tee "$out/tune.log"
     ;;
 parity)
     # One process per implementation (compilation, not the GPU, bounds the sweep; more
     # processes than this only contend for the CPU), merged at the end. Every part's JSON
     # is rewritten after each case, so a part cut short by the time box keeps its rows.
-    shift 2
     parts=$(mktemp -d)
-    for impl in "${@:-pallas_v2}" ; do
+    for impl in "${@:-pallas_v2}"; do
         XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 500 python -m parity --full --impl "$impl" \
             --no-second-opinions --json "$parts/$impl.json" >"$out/parity_full_$impl.log" 2>&1 &
     done
@@ -36,12 +64,10 @@ parity)
     python -m parity.merge "$out/parity_full.json" "$parts"/*.json
     ;;
 bench)
-    timeout 60 python -m pytest -q -p no:cacheprovider -p no:xdist tests/test_correctness.py \
-        -k "pallas_v2 and (base or head_dim80_v48 or segments_causal or len300)" 2>&1 | tail -2
     python -c "import torch, triton; a, b = (torch.randn(8192, 8192, device='cuda', dtype=torch.bfloat16) for _ in range(2)); \
 ms = triton.testing.do_bench(lambda: a @ b, warmup=50, rep=300, return_mode='median'); print(f'bf16 matmul 8192^3: {2 * 8192**3 / ms / 1e9:.0f} TFLOP/s')" \
         | tee "$out/matmul.txt"
-    python -m bench --preset full --save-dir "$out" --max-minutes 7 2>&1 | tail -40
+    python -m bench --preset "${1:-full}" --save-dir "$out" --max-minutes "${2:-7}" 2>&1 | tail -40
     ;;
 ring)
     timeout 200 python examples/ring_benchmark.py "$out/ring.json" 2>&1 | tail -12

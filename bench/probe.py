@@ -3,7 +3,8 @@
 Keys: ``platform`` (JAX's: ``"gpu"``, ``"cpu"``, ...), ``device`` (its name), ``nvidia``,
 ``jaxtile`` (each implementation's name with None, or why its module does not import),
 ``pallas_mha`` (None, or why JAX's bundled Pallas ``mha`` does not import), ``torch``
-(version, CUDA, device, cuDNN) and ``versions`` (package versions, CUDA).
+(version, CUDA, device, cuDNN), ``versions`` (package versions, CUDA) and ``git`` (what
+`git_state` says of the jaxtile that was imported).
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import platform
+import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 _PACKAGES = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda12-plugin", "torch", "triton", "numpy", "matplotlib")
 
@@ -74,14 +77,54 @@ def _torch(info: dict) -> None:
         info["versions"]["cuda (torch)"] = torch.version.cuda
 
 
+def git_state() -> dict:
+    """Which jaxtile this process imported: its ``jaxtile.__file__``, the commit of the
+    checkout it lives in and whether that tree was dirty. A copy without ``.git`` (a
+    version that `bench.ab` laid out, or a tree sent to a GPU machine after
+    ``python -m bench.probe --stamp``) names itself in ``VERSION.json`` beside it. Every
+    results file records this, so a number always says what it measured."""
+    import jaxtile
+
+    root = Path(jaxtile.__file__).resolve().parents[1]
+    state = dict(jaxtile_file=str(Path(jaxtile.__file__).resolve()))
+    if (root / "VERSION.json").exists():
+        described = json.loads((root / "VERSION.json").read_text())
+        dirty = described.get("dirty", described["commit"] is None)
+        return dict(state, commit=described["commit"], dirty=dirty, version=described["version"])
+    try:
+        commit = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
+        status = subprocess.run(
+            ["git", "-C", root, "status", "--porcelain"], capture_output=True, text=True, check=True
+        )
+    except (OSError, subprocess.CalledProcessError):  # not a checkout (an installed copy)
+        return dict(state, commit=None, dirty=None)
+    return dict(state, commit=commit.stdout.strip(), dirty=bool(status.stdout.strip()))
+
+
 def probe() -> dict:
-    info: dict = {"versions": _versions()}
+    info: dict = {"versions": _versions(), "git": git_state()}
     _jax(info)
     _torch(info)
     return info
 
 
+def stamp() -> dict:
+    """Writes ``VERSION.json`` (this checkout's commit and whether it is dirty) beside
+    ``jaxtile/``, for copies of the tree that travel without ``.git``."""
+    import jaxtile
+
+    root = Path(jaxtile.__file__).resolve().parents[1]
+    (root / "VERSION.json").unlink(missing_ok=True)
+    state = git_state()
+    described = dict(version="stamped", commit=state["commit"], dirty=state["dirty"])
+    (root / "VERSION.json").write_text(json.dumps(described) + "\n")
+    return described
+
+
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--stamp"]:
+        print(stamp())
+        sys.exit(0)
     out = sys.stdout
     sys.stdout = sys.stderr  # only the JSON goes to stdout
     json.dump(probe(), out)

@@ -52,6 +52,7 @@ import numpy as np
 
 import jaxtile
 from bench._worker import classify
+from bench.probe import git_state
 from parity.compare import TOLERANCES, compare
 
 CHECK_ROWS = 16
@@ -332,6 +333,7 @@ def run(plan: Plan, max_seconds: float, quick: bool) -> dict:
         quick=quick,
         device=f"{device.platform}: {device.device_kind}",
         jax=jax.__version__,
+        git=git_state(),
         started=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         max_seconds=max_seconds,
         sweeps=sweeps,

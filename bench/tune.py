@@ -1,11 +1,13 @@
 """Sweeps the Pallas kernels' launch parameters on the benchmark grid (run on a GPU).
 
-For each shape of the grid it times the forward pass under each forward candidate and
-forward+backward under each backward candidate, next to JAX's bundled Pallas ``mha``
-and cuDNN, and writes every number to JSON. The winners become `jaxtile.tuning`'s
-table. Usage::
+For each shape it times the forward pass under each forward candidate and
+forward+backward under each backward candidate (the forward fixed at the table's), and
+writes every number to JSON; with ``--peers`` it times cuDNN too, in the same process.
+The candidates are the ones `python -m bench.kernels --sweep` compiles without
+spilling registers (or spilling least), so the GPU's minutes go to configurations that
+can win. The winners become `jaxtile.tuning`'s table. Usage::
 
-    PYTHONPATH=. python -m bench.tune --out tune.json [--head-dims 64 128] [--quick]
+    PYTHONPATH=. python -m bench.tune --out tune.json [--head-dims 64 128] [--seq-lens 4096] [--peers]
 """
 
 from __future__ import annotations
@@ -21,26 +23,40 @@ import jax
 import jax.numpy as jnp
 
 import jaxtile
-from jaxtile.tuning import KernelTuning, Tuning, default_tuning
+from bench.check import Shape
+from bench.probe import git_state
+from jaxtile.mask import MaskSpec
+from jaxtile.tuning import KernelTuning, Tuning, default_tuning, mask_kind
 
-FORWARD = [
-    (128, 128, 8, 3),
-    (128, 128, 4, 3),
-    (128, 128, 8, 4),
-    (128, 64, 4, 3),
-    (128, 64, 8, 3),
-    (128, 64, 4, 4),
-    (64, 64, 4, 3),
-    (128, 32, 4, 3),
-]
-BACKWARD = [  # (dK/dV tiles+warps+stages, dQ tiles+warps+stages)
-    ((64, 64, 4, 3), (64, 64, 4, 3)),
-    ((32, 128, 4, 3), (128, 32, 4, 3)),
-    ((64, 128, 8, 3), (128, 64, 8, 3)),
-    ((32, 64, 4, 3), (64, 32, 4, 3)),
-    ((64, 64, 4, 2), (64, 64, 4, 2)),
-    ((64, 128, 4, 2), (128, 64, 4, 2)),
-]
+# head_dim -> candidates (block_q, block_k, num_warps, num_stages)
+FORWARD = {
+    64: [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3)],
+    128: [(128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3), (64, 64, 4, 3), (64, 64, 8, 3)],
+    256: [(64, 64, 4, 2), (64, 64, 8, 2), (128, 32, 8, 2), (64, 32, 4, 3)],
+}
+# head_dim -> (dK/dV candidate, dQ candidate)
+BACKWARD = {
+    64: [
+        ((64, 64, 4, 3), (64, 64, 4, 3)),
+        ((64, 64, 8, 3), (64, 64, 8, 3)),
+        ((32, 128, 8, 3), (128, 32, 8, 3)),
+        ((64, 128, 8, 3), (128, 64, 8, 3)),
+        ((128, 64, 8, 2), (64, 128, 8, 2)),
+    ],
+    128: [
+        ((64, 64, 8, 3), (64, 64, 8, 3)),
+        ((64, 64, 8, 2), (64, 64, 8, 2)),
+        ((32, 128, 8, 2), (128, 32, 8, 2)),
+        ((64, 128, 8, 3), (128, 64, 8, 3)),
+        ((64, 64, 4, 2), (64, 64, 4, 2)),
+    ],
+    256: [
+        ((64, 64, 8, 2), (64, 64, 8, 2)),
+        ((32, 64, 4, 2), (64, 32, 4, 2)),
+        ((32, 64, 8, 2), (64, 32, 8, 2)),
+        ((32, 128, 8, 2), (128, 32, 8, 2)),
+    ],
+}
 
 
 def _time(fn, *args, batches: int = 5, per_batch: int = 10) -> float:
@@ -57,51 +73,29 @@ def _time(fn, *args, batches: int = 5, per_batch: int = 10) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def _flops(batch, seq, heads, dim, causal, backward):
-    f = 4 * batch * seq * seq * heads * dim * (0.5 if causal else 1.0)
-    return f * (3.5 if backward else 1.0)
-
-
-def _fwd_and_fwdbwd(attend, q, k, v):
-    fwd = jax.jit(attend)
-
+def _measure(attend, q, k, v, backward: bool) -> float | str:
     def loss(q, k, v):
         return jnp.sum(attend(q, k, v).astype(jnp.float32) * q[..., :1].astype(jnp.float32))
 
-    both = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
-    return fwd, both
-
-
-def _measure(attend, q, k, v, backward: bool) -> float | str:
-    fwd, both = _fwd_and_fwdbwd(attend, q, k, v)
+    fn = jax.jit(jax.grad(loss, argnums=(0, 1, 2))) if backward else jax.jit(attend)
     try:
-        return _time(both if backward else fwd, q, k, v)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*Triton.*", category=DeprecationWarning)
+            return _time(fn, q, k, v)
     except Exception as e:  # a candidate that does not compile (shared memory, registers)
         return f"error: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
 
 
-def _peers(causal: bool, dim: int):
-    """cuDNN, and JAX's bundled Pallas kernel with its defaults and with the settings
-    ANCHORS.md found best (blocks 128 forward / 64 backward, 3 stages)."""
-    peers = {
-        "jax.cudnn": lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="cudnn")
-    }
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        from jax.experimental.pallas.ops.gpu import attention as bundled
-
-    scale = dim**-0.5
-    tuned = bundled.BlockSizes(128, 128, 64, 64, 64, 64)
-    peers["pallas.mha"] = lambda q, k, v: bundled.mha(q, k, v, None, causal=causal, sm_scale=scale)
-    peers["pallas.mha_tuned"] = lambda q, k, v: bundled.mha(
-        q, k, v, None, causal=causal, sm_scale=scale, block_sizes=tuned, num_warps=8 if dim > 64 else 4, num_stages=3
-    )
-    return peers
-
-
-def _jaxtile(causal: bool, tuning: Tuning):
+def _jaxtile(causal: bool, window, tuning: Tuning):
     def attend(q, k, v):
-        return jaxtile.flash_attention(q, k, v, causal=causal, implementation="pallas_v2", tuning=tuning)
+        return jaxtile.flash_attention(q, k, v, causal=causal, window=window, implementation="pallas_v2", tuning=tuning)
+
+    return attend
+
+
+def _cudnn(causal: bool, window):
+    def attend(q, k, v):
+        return jax.nn.dot_product_attention(q, k, v, is_causal=causal, local_window_size=window, implementation="cudnn")
 
     return attend
 
@@ -109,51 +103,64 @@ def _jaxtile(causal: bool, tuning: Tuning):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
-    parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
-    parser.add_argument("--seq-lens", type=int, nargs="+", default=[1024, 4096, 16384])
-    parser.add_argument("--quick", action="store_true", help="only the first candidates")
+    parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128, 256])
+    parser.add_argument("--seq-lens", type=int, nargs="+", default=[4096])
+    parser.add_argument("--causal", choices=("both", "yes", "no"), default="both")
+    parser.add_argument("--peers", action="store_true", help="also time cuDNN on each shape")
+    parser.add_argument("--modes", nargs="+", choices=("fwd", "fwdbwd"), default=["fwd", "fwdbwd"])
+    parser.add_argument("--window", type=int, nargs=2, metavar=("LEFT", "RIGHT"), help="a sliding window")
     args = parser.parse_args()
+    causals = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
+    window = None if args.window is None else tuple(args.window)
     rows = []
     for dim in args.head_dims:
         for seq in args.seq_lens:
-            for causal in (False, True):
-                batch, heads = 16384 // seq, 2048 // dim
+            for causal in causals:
+                batch, heads = max(1, 16384 // seq), 2048 // dim
                 keys = jax.random.split(jax.random.key(seq + dim), 3)
                 q, k, v = (jax.random.normal(key, (batch, seq, heads, dim), jnp.bfloat16) for key in keys)
-                base = default_tuning(dim, jnp.bfloat16, causal)
-                forward = FORWARD[:2] if args.quick else FORWARD
-                backward = BACKWARD[:2] if args.quick else BACKWARD
-                shape = dict(head_dim=dim, seq=seq, batch=batch, heads=heads, causal=causal)
-                for name, attend in _peers(causal, dim).items():
-                    for bwd in (False, True):
-                        rows.append(dict(shape, impl=name, backward=bwd, seconds=_measure(attend, q, k, v, bwd)))
-                for f in forward:
-                    attend = _jaxtile(causal, dataclasses.replace(base, forward=KernelTuning(*f)))
-                    seconds = _measure(attend, q, k, v, False)
-                    rows.append(dict(shape, impl="pallas_v2", tuning=f, backward=False, seconds=seconds))
-                for dkdv, dq in backward:
-                    attend = _jaxtile(causal, Tuning(base.forward, KernelTuning(*dkdv), KernelTuning(*dq)))
-                    seconds = _measure(attend, q, k, v, True)
-                    rows.append(dict(shape, impl="pallas_v2", tuning=[dkdv, dq], backward=True, seconds=seconds))
+                base = default_tuning(
+                    dim, jnp.bfloat16, mask_kind(MaskSpec.create(seq, seq, causal=causal, window=window))
+                )
+                shape = dict(head_dim=dim, seq=seq, batch=batch, heads=heads, causal=causal, window=window)
+                candidates = []
+                if "fwd" in args.modes:
+                    candidates += [(False, dataclasses.replace(base, forward=KernelTuning(*f))) for f in FORWARD[dim]]
+                if "fwdbwd" in args.modes:
+                    candidates += [
+                        (True, Tuning(base.forward, KernelTuning(*dkdv), KernelTuning(*dq)))
+                        for dkdv, dq in BACKWARD[dim]
+                    ]
+                for backward, tuning in candidates:
+                    kernel = (
+                        [dataclasses.astuple(tuning.dkdv), dataclasses.astuple(tuning.dq)]
+                        if backward
+                        else (dataclasses.astuple(tuning.forward))
+                    )
+                    seconds = _measure(_jaxtile(causal, window, tuning), q, k, v, backward)
+                    rows.append(dict(shape, impl="pallas_v2", tuning=kernel, backward=backward, seconds=seconds))
+                if args.peers:
+                    for backward in (False, True):
+                        seconds = _measure(_cudnn(causal, window), q, k, v, backward)
+                        rows.append(dict(shape, impl="jax.cudnn", backward=backward, seconds=seconds))
+                problem = Shape("tune", batch, seq, heads, dim, causal=causal, window=window)
                 for row in rows:
                     if "tflops" not in row and isinstance(row["seconds"], float):
-                        flops = _flops(batch, seq, heads, dim, causal, row["backward"])
-                        row["tflops"] = flops / row["seconds"] / 1e12
-                done = [r for r in rows if r["seq"] == seq and r["head_dim"] == dim and r["causal"] == causal]
-                for bwd in (False, True):
-                    part = [r for r in done if r["backward"] == bwd and "tflops" in r]
-                    best = max((r for r in part if r["impl"] == "pallas_v2"), key=lambda r: r["tflops"], default=None)
+                        row["tflops"] = problem.flops("fwdbwd" if row["backward"] else "fwd") / row["seconds"] / 1e12
+                done = [r for r in rows if all(r[key] == value for key, value in shape.items())]
+                for backward in (False, True):
+                    part = [r for r in done if r["backward"] == backward and "tflops" in r]
+                    mine = sorted((r for r in part if r["impl"] == "pallas_v2"), key=lambda r: -r["tflops"])
                     peers = {r["impl"]: round(r["tflops"]) for r in part if r["impl"] != "pallas_v2"}
-                    if best:
-                        print(
-                            f"D={dim} T={seq} causal={causal} {'fwdbwd' if bwd else 'fwd'}: best {best['tflops']:.0f} "
-                            f"TFLOP/s {best.get('tuning')}  peers {peers}",
-                            flush=True,
-                        )
+                    if mine:
+                        ranking = ", ".join(f"{r['tuning']}: {r['tflops']:.0f}" for r in mine)
+                        mode = "fwdbwd" if backward else "fwd"
+                        print(f"D={dim} T={seq} causal={causal} {mode}: {ranking}  peers {peers}", flush=True)
     meta = dict(
         date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         device=jax.devices()[0].device_kind,
         jax=jax.__version__,
+        git=git_state(),
     )
     with open(args.out, "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=1)

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxtile._core import Config, Inputs
-from jaxtile.mask import MaskSpec
+from jaxtile.mask import MaskSpec, uniform_bounds
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -137,6 +137,25 @@ def tile(inputs: Inputs, tiling: Tiling) -> Tiled:
         seg(inputs.kv_segment_ids, tiling.kv_padded),
         mask,
     )
+
+
+def tile_bounds(inputs: Inputs, spec: MaskSpec, tiling: Tiling, *, transposed: bool):
+    """`MaskSpec.tile_bounds` of the runtime mask that hold for every batch element and
+    head at once (the loops process them together), or None: ``[num_outer_tiles, 4]``."""
+    bounds = spec.tile_bounds(
+        tiling.block_q,
+        tiling.block_k,
+        transposed=transposed,
+        q_segment_ids=inputs.q_segment_ids,
+        kv_segment_ids=inputs.kv_segment_ids,
+        dense=inputs.mask,
+    )
+    return None if bounds is None else uniform_bounds(bounds)
+
+
+def bounds_of(bounds, tile):
+    """Tile ``tile``'s ``(lo, full_lo, full_hi, hi)`` from `tile_bounds` (None stays None)."""
+    return None if bounds is None else tuple(bounds[tile, i] for i in range(4))
 
 
 def rows(x, index, block: int, axis: int):

@@ -1,11 +1,17 @@
-"""What every jaxtile Pallas kernel shares: shapes, tiles in and out of HBM, the runtime
-part of the mask, and the launch.
+"""What every jaxtile Pallas kernel shares: shapes, tiles and what they cost in shared
+memory, tiles in and out of HBM, the runtime part of the mask, masked products, and the
+launch.
 
 Kernels see whole arrays (``[batch, len, heads, dim]``, head dim padded to a power of two)
 and index them by program id, so one kernel serves every batch element, head and tile
 of a 1-D grid (``jax.vmap`` adds grid dimensions; Triton allows three). Tiles past the
 end of a sequence or past the head dim are loaded as zeros by masked loads and never
 stored; the mask description decides which tiles are visited at all.
+
+A query tile may hold the rows of several query heads that share one kv head (``pack``
+heads, GQA packing as in FlashAttention-3): its ``block_q`` rows are ``block_q / pack``
+positions times ``pack`` heads, row ``r`` being position ``r // pack`` of head
+``r % pack``, so that each key/value tile is loaded once for all of them.
 """
 
 from __future__ import annotations
@@ -21,9 +27,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jaxtile import _softmax as sm
 from jaxtile._core import Config, Inputs
-from jaxtile.mask import MaskSpec
+from jaxtile.mask import MaskSpec, cdiv
 from jaxtile.tuning import KernelTuning
 
 MIN_BLOCK = 16  # the smallest tile Triton's dot accepts
@@ -32,6 +37,11 @@ MAX_HEAD_DIM = 256
 
 def next_pow2(n: int) -> int:
     return max(MIN_BLOCK, 1 << (n - 1).bit_length())
+
+
+def _pow2_factor(n: int) -> int:
+    """The largest power of two dividing ``n``."""
+    return n & -n
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,32 +80,128 @@ class Dims:
         return next_pow2(self.head_dim_v)
 
 
+# Shared memory per thread block that a kernel may ask for, by compute capability (CUDA's
+# opt-in maximum); Hopper's where the device is unknown (interpret mode lowers for it).
+_SHARED_MEMORY = {(8, 0): 166912, (8, 7): 166912, (9, 0): 232448, (10, 0): 232448}
+_SHARED_MEMORY_OTHER = 101376  # sm_86, sm_89, sm_120
+
+
+def shared_memory_limit(platform: str) -> int:
+    """Bytes of shared memory one program may use on this process's first GPU."""
+    if platform != "gpu":
+        return _SHARED_MEMORY[(9, 0)]
+    capability = getattr(jax.devices("gpu")[0], "compute_capability", "9.0")
+    major, minor = (int(x) for x in str(capability).split("."))
+    return _SHARED_MEMORY.get((major, minor), _SHARED_MEMORY_OTHER)
+
+
+_SCRATCH = 2048
+
+
+@dataclasses.dataclass(frozen=True)
+class Staging:
+    """What a kernel keeps in shared memory, as tile shapes in rows × columns of the input
+    dtype: ``resident`` tiles are loaded once per program, ``streamed`` ones once per
+    step of the pipelined loop (``num_stages`` copies in flight), and ``staged``
+    intermediates (a float32 tile rounded for a second product, a transpose) once.
+
+    Each entry is ``(rows, cols)`` with symbolic sizes: ``"q"`` (``block_q``), ``"k"``
+    (``block_k``), ``"d"`` (padded head dim of q and k), ``"v"`` (padded head dim of v).
+    ``copies``: sets of streamed buffers the compiler keeps (XLA's Triton gave loops
+    nested two deep, in FlashAttention-1's backward, a set each).
+    """
+
+    resident: tuple[tuple[str, str], ...]
+    streamed: tuple[tuple[str, str], ...]
+    staged: tuple[tuple[str, str], ...] = ()
+    copies: int = 1
+
+    def bytes(self, block_q: int, block_k: int, dims: Dims, itemsize: int, num_stages: int) -> int:
+        """Modelled shared memory of one program: the tiles, plus `_SCRATCH` for the
+        mask's and the statistics' small loads."""
+        size = {"q": block_q, "k": block_k, "d": dims.head_dim_p, "v": dims.head_dim_v_p}
+
+        def total(tiles):
+            return sum(size[r] * size[c] for r, c in tiles) * itemsize
+
+        streamed = self.copies * max(num_stages, 1) * total(self.streamed)
+        return total(self.resident) + streamed + total(self.staged) + _SCRATCH
+
+
 @dataclasses.dataclass(frozen=True)
 class Tiles:
-    """The tile shape of one kernel: ``block_q`` query rows by ``block_k`` key columns."""
+    """The tile shape of one kernel: ``block_q`` query rows (``pack`` heads of
+    ``positions`` each) by ``block_k`` key columns, and the pipeline depth."""
 
     block_q: int
     block_k: int
+    num_stages: int
+    pack: int = 1
+
+    @property
+    def positions(self) -> int:
+        """Query positions per tile (each with ``pack`` rows)."""
+        return self.block_q // self.pack
 
     @classmethod
-    def fit(cls, tuning: KernelTuning, dims: Dims, dtype, widest: int) -> Tiles:
-        """The tuned (or requested) tiles, shrunk to a power of two >= 16 for short
-        sequences, and capped to what fits in a Hopper SM's shared memory: ``widest`` for
-        16-bit inputs, half that for float32 (whose three-product TF32 dots stage more),
-        halved again for head dims above 128. (An H200 refused 128-row float32 tiles in
-        FlashAttention-2's kernels, and 64-row ones in FlashAttention-1's backward.)"""
-        cap = widest // (1 if jnp.dtype(dtype).itemsize == 2 else 2)
-        cap //= 2 if max(dims.head_dim_p, dims.head_dim_v_p) > 128 else 1
-        return cls(
-            min(tuning.block_q, cap, next_pow2(dims.q_len)),
-            min(tuning.block_k, cap, next_pow2(dims.kv_len)),
-        )
+    def fit(
+        cls,
+        tuning: KernelTuning,
+        dims: Dims,
+        dtype,
+        staging: Staging,
+        limit: int,
+        *,
+        packable: bool = False,
+    ) -> Tiles:
+        """The tuned (or requested) tiles and stages, shortened to the sequences and then
+        shrunk until `Staging.bytes` fits in ``limit``: stages first (down to 2), then the
+        longer tile side, halving (never below 16).
+
+        With ``packable``, queries too short to fill a tile share it with other heads
+        of their GQA group (up to the largest power of two dividing the group): a decode
+        step with one query fills a tile with its heads and reads each key/value tile
+        once for all of them. Longer queries keep one head per tile, where packing
+        measured slower on an H200 (GQA 32:8 at 8K: 6% forward) and saves no loads
+        (every tile of ``block_q`` rows still reads each key/value tile once).
+        """
+        rows = tuning.block_q
+        q_len_p = 1 << (dims.q_len - 1).bit_length()
+        pack = min(_pow2_factor(dims.group), max(rows // q_len_p, 1)) if packable else 1
+        block_q = max(MIN_BLOCK, min(rows, pack * q_len_p))
+        block_k = min(tuning.block_k, next_pow2(dims.kv_len))
+        stages = tuning.num_stages
+        itemsize = jnp.dtype(dtype).itemsize
+
+        def size(bq, bk, stages):
+            return staging.bytes(bq, bk, dims, itemsize, stages)
+
+        if size(max(MIN_BLOCK, pack), MIN_BLOCK, 1) > limit:
+            raise NotImplementedError(
+                f"the smallest tiles of this Pallas kernel need {size(max(MIN_BLOCK, pack), MIN_BLOCK, 1)} bytes of "
+                f"shared memory, more than this GPU's {limit} ({dims.head_dim=}, {dims.head_dim_v=}, "
+                f"{jnp.dtype(dtype).name}); use implementation='scan_v2'"
+            )
+        while size(block_q, block_k, stages) > limit:
+            if stages > 2:
+                stages -= 1
+                continue
+            can_q, can_k = block_q > max(MIN_BLOCK, pack), block_k > MIN_BLOCK
+            if not (can_q or can_k):
+                stages = 1
+                continue
+            # Halve the side that frees more (K/V tiles when they are pipelined).
+            if can_q and (not can_k or size(block_q // 2, block_k, stages) <= size(block_q, block_k // 2, stages)):
+                block_q //= 2
+            else:
+                block_k //= 2
+        return cls(block_q, block_k, stages, pack)
 
     def num_q_tiles(self, dims: Dims) -> int:
-        return pl.cdiv(dims.q_len, self.block_q)
+        return cdiv(dims.q_len, self.positions)
 
     def num_kv_tiles(self, dims: Dims) -> int:
-        return pl.cdiv(dims.kv_len, self.block_k)
+        return cdiv(dims.kv_len, self.block_k)
 
 
 def program_ids(num_tiles: int, num_heads: int, heaviest_first: bool):
@@ -116,31 +222,58 @@ def _iota(n: int):
     return lax.broadcasted_iota(jnp.int32, (n,), 0)
 
 
+def _in_dims(dim_p: int, dim: int):
+    """``[1, dim_p]`` True for the columns of a padded head dim that exist, or None."""
+    return None if dim == dim_p else (_iota(dim_p) < dim)[None, :]
+
+
+def _and(a, b):
+    return b if a is None else a if b is None else a & b
+
+
 def load_tile(ref, b, h, start, block: int, length: int, dim: int, *, ragged: bool):
     """``ref[b, start:start+block, h, :]`` as ``[block, dim_p]``, zeros past ``length``
     (only checked when ``ragged``) and past ``dim``."""
-    dim_p = ref.shape[-1]
-    mask = None
-    if ragged:
-        mask = (start + _iota(block) < length)[:, None]
-    if dim != dim_p:
-        cols = (_iota(dim_p) < dim)[None, :]
-        mask = cols if mask is None else mask & cols
+    mask = _and((start + _iota(block) < length)[:, None] if ragged else None, _in_dims(ref.shape[-1], dim))
     view = ref.at[b, pl.ds(start, block), h, :]
-    if mask is None:
-        return view[...]
-    return plgpu.load(view, mask=mask, other=0.0)
+    return view[...] if mask is None else plgpu.load(view, mask=mask, other=0.0)
 
 
 def store_tile(ref, b, h, start, value, length: int, dim: int):
     """Stores ``value [block, dim_p]`` into ``ref[b, start:start+block, h, :dim]``."""
     block, dim_p = value.shape
-    mask = (start + _iota(block) < length)[:, None] & (_iota(dim_p) < dim)[None, :]
+    mask = _and((start + _iota(block) < length)[:, None], _in_dims(dim_p, dim))
     plgpu.store(ref.at[b, pl.ds(start, block), h, :], value.astype(ref.dtype), mask=mask)
 
 
+def load_rows(ref, b, h0, start, tiles: Tiles, length: int, dim: int, *, ragged: bool):
+    """A query tile of ``ref [batch, len, heads, dim]``: ``tiles.positions`` positions
+    from ``start`` of the ``tiles.pack`` heads from ``h0``, as ``[block_q, dim_p]`` (row
+    ``r``: position ``r // pack``, head ``r % pack``); zeros past ``length`` and ``dim``."""
+    if tiles.pack == 1:
+        return load_tile(ref, b, h0, start, tiles.block_q, length, dim, ragged=ragged)
+    n, pack, dim_p = tiles.positions, tiles.pack, ref.shape[-1]
+    mask = (start + _iota(n) < length)[:, None, None] if ragged else None
+    cols = _in_dims(dim_p, dim)
+    mask = _and(mask, None if cols is None else cols[None])
+    view = ref.at[b, pl.ds(start, n), pl.ds(h0, pack), :]
+    tile = view[...] if mask is None else plgpu.load(view, mask=mask, other=0.0)
+    return tile.reshape(tiles.block_q, dim_p)
+
+
+def store_rows(ref, b, h0, start, value, tiles: Tiles, length: int, dim: int):
+    """Stores a query tile ``value [block_q, dim_p]`` (the layout of `load_rows`)."""
+    if tiles.pack == 1:
+        return store_tile(ref, b, h0, start, value, length, dim)
+    n, pack, dim_p = tiles.positions, tiles.pack, value.shape[-1]
+    mask = _and((start + _iota(n) < length)[:, None, None], (_iota(dim_p) < dim)[None, None, :])
+    view = ref.at[b, pl.ds(start, n), pl.ds(h0, pack), :]
+    plgpu.store(view, value.reshape(n, pack, dim_p).astype(ref.dtype), mask=mask)
+
+
 def load_row_stat(ref, b, h, start, block: int, length: int, other: float):
-    """``ref[b, h, start:start+block]`` (float32 per-row statistics), ``other`` past the end."""
+    """``ref[b, h, start:start+block]`` (per-row float32 statistics, heads before
+    positions), ``other`` past the end."""
     return plgpu.load(ref.at[b, h, pl.ds(start, block)], mask=start + _iota(block) < length, other=other)
 
 
@@ -150,28 +283,66 @@ def store_row_stat(ref, b, h, start, value, length: int):
     plgpu.store(ref.at[b, h, pl.ds(start, block)], value, mask=start + _iota(block) < length)
 
 
+def load_rows_stat(ref, b, h0, start, tiles: Tiles, length: int, other: float):
+    """The statistics of a query tile from ``ref [batch, len, heads]`` (positions before
+    heads), as ``[block_q]`` in `load_rows`' row order; ``other`` past the end."""
+    n, pack = tiles.positions, tiles.pack
+    view = ref.at[b, pl.ds(start, n), pl.ds(h0, pack)]
+    return plgpu.load(view, mask=(start + _iota(n) < length)[:, None], other=other).reshape(tiles.block_q)
+
+
+def store_rows_stat(ref, b, h0, start, value, tiles: Tiles, length: int):
+    """Stores a query tile's statistics ``[block_q]`` into ``ref [batch, len, heads]``."""
+    n, pack = tiles.positions, tiles.pack
+    view = ref.at[b, pl.ds(start, n), pl.ds(h0, pack)]
+    plgpu.store(view, value.reshape(n, pack), mask=(start + _iota(n) < length)[:, None])
+
+
+def load_bounds(ref, b, h, tile):
+    """Tile ``tile``'s ``(lo, full_lo, full_hi, hi)`` from `MaskSpec.tile_bounds`'s
+    ``[1|batch, 1|heads, tiles, 4]``."""
+    zero = jnp.int32(0)
+    b = b if ref.shape[0] > 1 else zero
+    h = h if ref.shape[1] > 1 else zero
+    return tuple(ref[b, h, tile, i] for i in range(4))
+
+
 @dataclasses.dataclass(frozen=True)
 class RuntimeMask:
-    """The runtime arrays of the mask (segment ids, dense mask) as kernel refs."""
+    """The runtime arrays of the mask (segment ids, dense mask, tile bounds) as refs."""
 
     q_segment_ids: object = None
     kv_segment_ids: object = None
     dense: object = None
+    bounds: object = None
 
-    def visible(self, spec: MaskSpec, b, h, q_start, block_q: int, kv_start, block_k: int, *, transposed=False):
-        """Element-wise visibility of a tile: ``[block_q, block_k]``, or ``[block_k,
-        block_q]`` when ``transposed`` (the layout of the dK/dV kernel)."""
-        rows = q_start + _iota(block_q)
+    def spans(self, spec: MaskSpec, b, h, tile, along_q: bool, block_q: int, block_k: int):
+        """`MaskSpec.kv_spans` (``along_q=False``: the key tiles of query tile ``tile``)
+        or `MaskSpec.q_spans`, with this call's runtime bounds."""
+        bounds = None if self.bounds is None else load_bounds(self.bounds, b, h, tile)
+        if along_q:
+            return spec.q_spans(tile, block_q, block_k, bounds)
+        return spec.kv_spans(tile, block_q, block_k, bounds)
+
+    def visible(self, spec: MaskSpec, b, h, q_start, tiles: Tiles, kv_start, block_k: int, *, transposed=False):
+        """Element-wise visibility of a tile: ``[block_q, block_k]`` in `load_rows`' row
+        order, or ``[block_k, block_q]`` when ``transposed`` (the dK/dV kernel's layout).
+        ``h`` is the tile's first head."""
+        n, pack = tiles.positions, tiles.pack
+        positions = q_start + _iota(n)
+        rows = positions if pack == 1 else jnp.broadcast_to(positions[:, None], (n, pack)).reshape(tiles.block_q)
         cols = kv_start + _iota(block_k)
         # Rows past q_len are never stored (forward, dQ) or contribute zeros (dK/dV:
         # they load as zeros with lse = +inf), so only a ragged key tail needs hiding.
         check_bounds = spec.kv_len % block_k != 0
         q_seg = kv_seg = dense = None
         if spec.has_segments:
-            q_seg = plgpu.load(self.q_segment_ids.at[b, pl.ds(q_start, block_q)], mask=rows < spec.q_len, other=-1)
+            q_seg = plgpu.load(self.q_segment_ids.at[b, pl.ds(q_start, n)], mask=positions < spec.q_len, other=-1)
+            if pack > 1:
+                q_seg = jnp.broadcast_to(q_seg[:, None], (n, pack)).reshape(tiles.block_q)
             kv_seg = plgpu.load(self.kv_segment_ids.at[b, pl.ds(kv_start, block_k)], mask=cols < spec.kv_len, other=-2)
         if spec.has_dense_mask:
-            dense = self._dense_tile(b, h, q_start, block_q, kv_start, block_k, spec)
+            dense = self._dense_tile(b, h, q_start, tiles, kv_start, block_k, spec)
             if transposed:
                 dense = dense.T
         if transposed:
@@ -192,27 +363,48 @@ class RuntimeMask:
             check_bounds=check_bounds,
         )
 
-    def _dense_tile(self, b, h, q_start, block_q, kv_start, block_k, spec):
-        """The ``[block_q|1, block_k|1]`` tile of the ``[1|B, 1|H, 1|T, 1|S]`` mask."""
+    def _dense_tile(self, b, h, q_start, tiles: Tiles, kv_start, block_k, spec):
+        """The ``[block_q|1, block_k|1]`` tile of the ``[1|B, 1|H, 1|T, 1|S]`` mask
+        (packed tiles only where the mask has no head axis)."""
         ref = self.dense
         nb, nh, nq, nk = ref.shape
-        rows = pl.ds(q_start, block_q) if nq > 1 else pl.ds(0, 1)
+        n = tiles.positions
+        rows = pl.ds(q_start, n) if nq > 1 else pl.ds(0, 1)
         cols = pl.ds(kv_start, block_k) if nk > 1 else pl.ds(0, 1)
-        ok_rows = (q_start + _iota(block_q) < spec.q_len)[:, None] if nq > 1 else jnp.ones((1, 1), jnp.bool_)
+        ok_rows = (q_start + _iota(n) < spec.q_len)[:, None] if nq > 1 else jnp.ones((1, 1), jnp.bool_)
         ok_cols = (kv_start + _iota(block_k) < spec.kv_len)[None, :] if nk > 1 else jnp.ones((1, 1), jnp.bool_)
         zero = jnp.int32(0)
         view = ref.at[b if nb > 1 else zero, h if nh > 1 else zero, rows, cols]
-        return plgpu.load(view, mask=ok_rows & ok_cols, other=False)
+        tile = plgpu.load(view, mask=ok_rows & ok_cols, other=False)
+        if tiles.pack > 1 and nq > 1:
+            width = tile.shape[1]
+            tile = jnp.broadcast_to(tile[:, None, :], (n, tiles.pack, width)).reshape(tiles.block_q, width)
+        return tile
 
 
 def runtime_inputs(inputs: Inputs) -> list[jax.Array]:
-    """The runtime mask arrays a kernel needs, in `split_refs` order."""
+    """The runtime mask arrays a kernel reads, in `split_refs` order (tile bounds, which
+    depend on each kernel's tiles, follow them)."""
     arrays = []
     if inputs.q_segment_ids is not None:
         arrays += [inputs.q_segment_ids, inputs.kv_segment_ids]
     if inputs.mask is not None:
         arrays.append(inputs.mask)
     return arrays
+
+
+def tile_bounds(inputs: Inputs, spec: MaskSpec, block_q: int, block_k: int, *, transposed: bool) -> list[jax.Array]:
+    """``[MaskSpec.tile_bounds(...)]`` for a kernel with these tiles (``block_q`` in
+    positions), or ``[]`` when the mask has no runtime part."""
+    bounds = spec.tile_bounds(
+        block_q,
+        block_k,
+        transposed=transposed,
+        q_segment_ids=inputs.q_segment_ids,
+        kv_segment_ids=inputs.kv_segment_ids,
+        dense=inputs.mask,
+    )
+    return [] if bounds is None else [bounds]
 
 
 def split_refs(refs: Sequence, num_leading: int, spec: MaskSpec):
@@ -223,6 +415,8 @@ def split_refs(refs: Sequence, num_leading: int, spec: MaskSpec):
         runtime = dataclasses.replace(runtime, q_segment_ids=rest.pop(0), kv_segment_ids=rest.pop(0))
     if spec.has_dense_mask:
         runtime = dataclasses.replace(runtime, dense=rest.pop(0))
+    if not spec.is_structured:
+        runtime = dataclasses.replace(runtime, bounds=rest.pop(0))
     return leading, runtime, rest
 
 
@@ -232,8 +426,8 @@ def _full_block(shape: tuple[int, ...], padded_last: int | None = None) -> pl.Bl
 
 
 def _block_for(x: jax.ShapeDtypeStruct | jax.Array) -> pl.BlockSpec:
-    """Whole-array block; 4-D ``[batch, len, heads, dim]`` arrays get a padded head dim."""
-    if x.ndim == 4 and x.dtype != jnp.bool_:
+    """Whole-array block; 4-D float ``[batch, len, heads, dim]`` arrays get a padded head dim."""
+    if x.ndim == 4 and jnp.issubdtype(x.dtype, jnp.floating):
         return _full_block(x.shape, next_pow2(x.shape[-1]))
     return _full_block(x.shape)
 
@@ -250,25 +444,35 @@ def _varying_like(out: jax.ShapeDtypeStruct, like: jax.Array) -> jax.ShapeDtypeS
 
 
 def launch(
-    kernel: Callable,
+    body: Callable,
+    kernel: Kernel,
     *,
     num_programs: int,
     inputs: Sequence[jax.Array],
     outputs: Sequence[jax.ShapeDtypeStruct],
-    tuning: KernelTuning,
-    config: Config,
     name: str,
 ):
-    """Runs ``kernel`` on a 1-D grid through the Triton backend (interpreted off-GPU)."""
+    """Runs ``body`` on a 1-D grid through the Triton backend (interpreted off-GPU), with
+    ``kernel``'s tiles, warps, stages and modelled shared memory as the call's metadata
+    (what `bench.kernels` reports beside the compiler's numbers)."""
+    tiles = kernel.tiles
+    metadata = dict(
+        block_q=tiles.block_q,
+        block_k=tiles.block_k,
+        pack=tiles.pack,
+        num_stages=tiles.num_stages,
+        shared_memory_model=kernel.shared_memory,
+    )
     return pl.pallas_call(
-        kernel,
+        functools.partial(body, kernel=kernel),
         grid=(num_programs,),
         in_specs=[_block_for(x) for x in inputs],
         out_specs=[_block_for(x) for x in outputs],
         out_shape=[_varying_like(out, inputs[0]) for out in outputs],
-        compiler_params=plgpu.CompilerParams(num_warps=tuning.num_warps, num_stages=tuning.num_stages),
-        interpret=config.platform != "gpu",
+        compiler_params=plgpu.CompilerParams(num_warps=kernel.num_warps, num_stages=tiles.num_stages),
+        interpret=kernel.config.platform != "gpu",
         name=name,
+        metadata={key: str(value) for key, value in metadata.items()},
     )(*inputs)
 
 
@@ -284,18 +488,56 @@ def _exp2_hardware(x):
 
 
 @dataclasses.dataclass(frozen=True)
+class Contained:
+    """How a masked tile's product reaches the non-finite entries of its right operand
+    ``x`` (`Kernel.accumulate`): ``row(c)`` reloads row ``c`` of ``x`` as ``[1, dim_p]``
+    and ``seen(c)`` gives the ``[rows, 1]`` visibility of that row of ``x`` (a key, or
+    in the dK/dV kernel a query) to the rows of the result; ``count`` rows in all."""
+
+    row: Callable
+    seen: Callable
+    count: int
+
+
+def _spread_nonfinite(acc, contained: Contained):
+    """Adds each non-finite entry of ``x`` to the result rows that see its row, one row of
+    ``x`` at a time: ``inf`` and ``-inf`` give ``inf``/``-inf``, mixed or NaN give NaN,
+    as in `jaxtile._softmax.masked_dot` (whose count-and-sign products this does without
+    a second accumulator: in a kernel, registers are what the product costs)."""
+
+    def one_row(c, acc):
+        x = contained.row(c).astype(jnp.float32)
+        special = contained.seen(c) & ~(jnp.abs(x) < jnp.inf)
+        return jnp.where(special, acc + x, acc)
+
+    return lax.fori_loop(0, contained.count, one_row, acc)
+
+
+@dataclasses.dataclass(frozen=True)
 class Kernel:
-    """Static parameters every kernel body reads: the call's config, sizes and tiles."""
+    """Static parameters every kernel body reads: the call's config, sizes and tiles, and
+    the launch's warps and shared-memory model."""
 
     config: Config
     dims: Dims
     tiles: Tiles
+    num_warps: int
+    staging: Staging
+    itemsize: int
 
     @classmethod
-    def create(cls, inputs: Inputs, config: Config, tuning: KernelTuning, widest: int) -> Kernel:
-        """``widest``: the largest tile side `Tiles.fit` allows for 16-bit inputs."""
+    def create(cls, inputs: Inputs, config: Config, tuning: KernelTuning, staging: Staging, **fit) -> Kernel:
+        """Tiles and stages from ``tuning`` that fit ``staging`` in shared memory (`Tiles.fit`)."""
         dims = Dims.of(inputs)
-        return cls(config, dims, Tiles.fit(tuning, dims, inputs.q.dtype, widest))
+        limit = shared_memory_limit(config.platform)
+        tiles = Tiles.fit(tuning, dims, inputs.q.dtype, staging, limit, **fit)
+        return cls(config, dims, tiles, tuning.num_warps, staging, jnp.dtype(inputs.q.dtype).itemsize)
+
+    @property
+    def shared_memory(self) -> int:
+        """Modelled shared-memory bytes of one program (`Staging.bytes`)."""
+        t = self.tiles
+        return self.staging.bytes(t.block_q, t.block_k, self.dims, self.itemsize, t.num_stages)
 
     def dot(self, a, b, *, trans_a: bool = False, trans_b: bool = False):
         """``a @ b`` (optionally transposed) with float32 accumulation. float32 inputs get
@@ -308,23 +550,33 @@ class Kernel:
             precision = lax.DotAlgorithmPreset.TF32_TF32_F32_X3 if gpu else lax.Precision.HIGHEST
         return plgpu.dot(a, b, trans_a=trans_a, trans_b=trans_b, precision=precision)
 
-    def masked_dot(self, p, x, visible=None, *, trans_a: bool = False):
-        """``p @ x`` (``pᵀ @ x`` with ``trans_a``) for a float32 tile ``p`` whose masked
-        entries are 0, rounded to ``x``'s dtype for the matrix units; through
-        `sm.masked_dot`, so a non-finite ``x`` reaches only the rows that see it."""
-        return sm.masked_dot(functools.partial(self.dot, trans_a=trans_a), p.astype(x.dtype), x, visible)
+    def accumulate(self, acc, p, x, contained: Contained | None = None, *, trans_a=False, unbounded=False):
+        """``acc + p @ x`` (``pᵀ @ x`` with ``trans_a``) for a float32 tile ``p`` (P, or
+        dS with ``unbounded``) rounded to ``x``'s dtype for the matrix units.
 
-    def ds_dot(self, ds, x, visible=None, *, trans_a: bool = False):
-        """`masked_dot` for ``dS``, which unlike ``P`` is unbounded: in float16 each output
-        row's entries of ``dS`` are divided by a power of two that brings them under 2**15
-        and the product is multiplied back (``|dS|`` can exceed float16's 65504 where dQ
-        and dK do not)."""
-        if x.dtype != jnp.float16:
-            return self.masked_dot(ds, x, visible, trans_a=trans_a)
-        peak = jnp.max(jnp.abs(ds), axis=0 if trans_a else 1)
-        inv_scale = jnp.where(peak > 2.0**15, jnp.exp2(15.0 - jnp.ceil(jnp.log2(peak))), 1.0)
-        scaled = ds * (inv_scale[None, :] if trans_a else inv_scale[:, None])
-        return self.masked_dot(scaled, x, visible, trans_a=trans_a) / inv_scale[:, None]
+        With ``contained`` (a masked tile), the product is exact as if the masked entries
+        of ``p`` were absent: non-finite entries of ``x`` enter it as 0 and, in the rare
+        tile that has any, `_spread_nonfinite` adds them to the rows that see them. An
+        interior tile (no ``contained``) is the plain product.
+
+        ``unbounded``: in float16, each row of ``p`` whose magnitude exceeds ``2**15`` is
+        divided by a power of two that brings it under, and the product multiplied back
+        (``|dS|`` can exceed float16's 65504 where dQ and dK do not).
+        """
+        if contained is not None:
+            finite = jnp.abs(x) < jnp.inf  # False for ±inf and NaN
+            x = jnp.where(finite, x, jnp.zeros_like(x))
+        if unbounded and x.dtype == jnp.float16:
+            peak = jnp.max(jnp.abs(p), axis=0 if trans_a else 1)
+            inv_scale = jnp.where(peak > 2.0**15, jnp.exp2(15.0 - jnp.ceil(jnp.log2(peak))), 1.0)
+            scaled = p * (inv_scale[None, :] if trans_a else inv_scale[:, None])
+            acc = acc + self.dot(scaled.astype(x.dtype), x, trans_a=trans_a) / inv_scale[:, None]
+        else:
+            acc = acc + self.dot(p.astype(x.dtype), x, trans_a=trans_a)
+        if contained is None:
+            return acc
+        clean = jnp.sum(jnp.where(finite, 0, 1)) == 0
+        return lax.cond(clean, lambda acc: acc, functools.partial(_spread_nonfinite, contained=contained), acc)
 
     def barrier(self) -> None:
         """Orders this program's earlier global-memory writes before its later reads

@@ -14,9 +14,11 @@ probabilities are exactly 0. No NaN is ever formed.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax.numpy as jnp
+from jax import lax
 
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
@@ -189,6 +191,15 @@ def masked_dot(dot, p, v, visible=None):
     sign = dot(seen, jnp.where(v == jnp.inf, 1.0, jnp.where(v == -jnp.inf, -1.0, 0.0)).astype(jnp.bfloat16))
     special = jnp.where(count == jnp.abs(sign), sign * jnp.inf, jnp.nan)
     return jnp.where(count > 0, special, product)
+
+
+def masked_tile_dot(dot, p, v, visible=None):
+    """`masked_dot` for one tile of a loop: the plain product when the tile's ``v`` is
+    finite (nearly always), the contained one otherwise, chosen by ``lax.cond`` so that
+    only a tile holding a non-finite value pays for the extra products."""
+    if visible is None:
+        return dot(p, v)
+    return lax.cond(jnp.all(jnp.abs(v) < jnp.inf), dot, functools.partial(masked_dot, dot, visible=visible), p, v)
 
 
 def score_grad(p, dp, delta, pre, logits: Logits, visible=None):

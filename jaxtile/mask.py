@@ -8,6 +8,11 @@ Every implementation asks this module two questions and nothing else about maski
   the element-wise mask? (:meth:`MaskSpec.kv_spans`; :meth:`MaskSpec.q_spans` answers
   the transposed question for backward passes that loop over query tiles.)
 
+Positions and windows answer the tile-wise question from indices alone. Segment ids and
+a dense mask are runtime arrays: :meth:`MaskSpec.tile_bounds` reduces them, in XLA
+before the loops run, to per-tile bounds that the span functions intersect with the
+positional ones, so packed documents and padding skip the tiles they hide too.
+
 Positions are bottom-right aligned, as in flash-attn and cuDNN: query row ``i`` sits at
 position ``i + kv_len - q_len`` and key column ``j`` at position ``j``. Key ``j`` is
 visible to query ``i`` iff both are in bounds and
@@ -31,6 +36,29 @@ import jax.numpy as jnp
 from jax import lax
 
 
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division of non-negative Python ints (static sizes)."""
+    return -(-a // b)
+
+
+def _tile_cdiv(a, b: int):
+    """Ceiling division of a tile index or position (an int, NumPy or traced int32) by a
+    positive int, as an int32 array: span bounds keep one type on every path."""
+    return lax.div(a + (b - 1), b)
+
+
+def _same_rank(a, b, op):
+    """``op(a, b)`` with the lower-rank operand given leading unit dims first (explicit,
+    so strict rank promotion accepts it)."""
+    rank = max(jnp.ndim(a), jnp.ndim(b))
+    a, b = (jnp.reshape(x, (1,) * (rank - jnp.ndim(x)) + jnp.shape(x)) for x in (a, b))
+    return op(a, b)
+
+
+def _clip(x, lo, hi):
+    return jnp.minimum(jnp.maximum(x, lo), hi)
+
+
 class TileSpan(NamedTuple):
     """Tiles ``start <= t < stop`` of one loop; ``masked`` (static) says whether the
     element-wise mask must be applied to them."""
@@ -40,13 +68,94 @@ class TileSpan(NamedTuple):
     masked: bool
 
 
-def _cdiv(a, b: int):
-    """Ceiling division of a non-negative int (or int array) by a positive int."""
-    return lax.div(a + (b - 1), b)
+class TileBounds(NamedTuple):
+    """The tiles ``lo <= t < hi`` of one loop that can hold a visible pair; of those,
+    ``full_lo <= t < full_hi`` need no element-wise mask (``lo <= full_lo <= full_hi
+    <= hi``). Python ints, NumPy arrays or traced int32 scalars."""
+
+    lo: jnp.ndarray | int
+    full_lo: jnp.ndarray | int
+    full_hi: jnp.ndarray | int
+    hi: jnp.ndarray | int
+
+    def intersect(self, other: TileBounds) -> TileBounds:
+        """Tiles both bounds visit; unmasked only where both say so."""
+        lo = jnp.maximum(self.lo, other.lo)
+        hi = jnp.maximum(jnp.minimum(self.hi, other.hi), lo)
+        full_lo = _clip(jnp.maximum(self.full_lo, other.full_lo), lo, hi)
+        full_hi = _clip(jnp.minimum(self.full_hi, other.full_hi), full_lo, hi)
+        return TileBounds(lo, full_lo, full_hi, hi)
+
+    def spans(self, *, head: bool = True, interior: bool = True, tail: bool = True) -> tuple[TileSpan, ...]:
+        """The masked head ``[lo, full_lo)``, the interior ``[full_lo, full_hi)`` and the
+        masked tail ``[full_hi, hi)``; a span known statically to be empty is left out."""
+        spans = []
+        if head:
+            spans.append(TileSpan(self.lo, self.full_lo, True))
+        if interior:
+            spans.append(TileSpan(self.full_lo, self.full_hi, False))
+        if tail:
+            spans.append(TileSpan(self.full_hi, self.hi, True))
+        return tuple(spans)
 
 
-def _clip(x, lo, hi):
-    return jnp.minimum(jnp.maximum(x, lo), hi)
+# Tile classes of `MaskSpec.tile_classes`.
+SKIP, MASKED, FULL = 0, 1, 2
+
+
+def bounds_from_classes(classes) -> jnp.ndarray:
+    """Per outer tile, the `TileBounds` of its inner loop, from tile classes ``[...,
+    n_outer, n_inner]``: ``[..., n_outer, 4]`` int32 ``(lo, full_lo, full_hi, hi)``. The
+    interior is the first run of `FULL` tiles; later `FULL` tiles are visited masked."""
+    n = classes.shape[-1]
+    index = jnp.arange(n, dtype=jnp.int32)
+    seen = classes != SKIP
+    full = classes == FULL
+
+    def first(x, default):
+        return jnp.where(jnp.any(x, axis=-1), jnp.argmax(x, axis=-1).astype(jnp.int32), default)
+
+    lo = first(seen, 0)
+    hi = jnp.where(jnp.any(seen, axis=-1), n - jnp.argmax(seen[..., ::-1], axis=-1).astype(jnp.int32), 0)
+    full_lo = first(full, lo)
+    full_hi = first((index >= full_lo[..., None]) & ~full, n)
+    full_lo = _clip(full_lo, lo, hi)
+    return jnp.stack([lo, full_lo, _clip(full_hi, full_lo, hi), hi], axis=-1)
+
+
+def uniform_bounds(bounds) -> jnp.ndarray:
+    """Bounds ``[..., n_outer, 4]`` that hold for every leading index at once (for loops
+    that process every batch element and head together): the union of the visited
+    tiles, the intersection of the interiors."""
+    lead = tuple(range(bounds.ndim - 2))
+    lo = jnp.min(bounds[..., 0], axis=lead)
+    hi = jnp.max(bounds[..., 3], axis=lead)
+    full_lo = _clip(jnp.max(bounds[..., 1], axis=lead), lo, hi)
+    full_hi = _clip(jnp.min(bounds[..., 2], axis=lead), full_lo, hi)
+    return jnp.stack([lo, full_lo, full_hi, hi], axis=-1)
+
+
+def _segment_range(ids, block: int):
+    """Per tile of ``ids [batch, len]``: the smallest and largest id, ``[batch, tiles]``."""
+    n = ids.shape[1]
+    pad = -n % block
+    info = jnp.iinfo(jnp.int32)
+    lo = jnp.pad(ids, ((0, 0), (0, pad)), constant_values=info.max).reshape(ids.shape[0], -1, block)
+    hi = jnp.pad(ids, ((0, 0), (0, pad)), constant_values=info.min).reshape(ids.shape[0], -1, block)
+    return jnp.min(lo, axis=-1), jnp.max(hi, axis=-1)
+
+
+def _dense_tiles(dense, block: int, axis: int, fill: bool, reduce):
+    """``reduce`` (``jnp.any``/``jnp.all``) of ``dense`` over tiles of ``block`` along
+    ``axis`` (left as is where that axis broadcasts), padding with ``fill``."""
+    n = dense.shape[axis]
+    if n == 1:
+        return dense
+    pad = [(0, 0)] * dense.ndim
+    pad[axis] = (0, -n % block)
+    tiles = jnp.pad(dense, pad, constant_values=fill)
+    shape = (*tiles.shape[:axis], tiles.shape[axis] // block, block, *tiles.shape[axis + 1 :])
+    return reduce(tiles.reshape(shape), axis=axis + 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,56 +225,104 @@ class MaskSpec:
           bool array of the broadcast shape.
         """
         pos = q_idx + self.offset
-        ok = (q_idx < self.q_len) & (kv_idx < self.kv_len) if check_bounds else True
+        terms = [(q_idx < self.q_len) & (kv_idx < self.kv_len)] if check_bounds else []
         if self.left is not None:
-            ok &= kv_idx >= pos - self.left
+            terms.append(kv_idx >= pos - self.left)
         if self.right is not None:
-            ok &= kv_idx <= pos + self.right
+            terms.append(kv_idx <= pos + self.right)
         if self.has_segments:
-            ok &= q_segment == kv_segment
+            terms.append(_same_rank(q_segment, kv_segment, jnp.equal))
         if self.has_dense_mask:
-            ok &= dense
+            terms.append(dense)
+        if not terms:
+            return jnp.ones(jnp.broadcast_shapes(jnp.shape(q_idx), jnp.shape(kv_idx)), jnp.bool_)
+        ok = terms[0]
+        for term in terms[1:]:
+            ok = _same_rank(ok, term, jnp.logical_and)
         return ok
 
-    def kv_spans(self, q_tile, block_q: int, block_k: int) -> tuple[TileSpan, ...]:
+    def tile_classes(self, block_q: int, block_k: int, *, q_segment_ids=None, kv_segment_ids=None, dense=None):
+        """Classes of every (query tile, key tile) pair from the runtime parts of the mask
+        alone: `SKIP` where no pair can be visible, `FULL` where every pair of the tile is
+        (before positions and windows), `MASKED` otherwise.
+
+        Args:
+          q_segment_ids, kv_segment_ids: ``[batch, q_len]``, ``[batch, kv_len]`` int32,
+            required iff ``has_segments``. Sorted or not: tiles whose id ranges do not
+            overlap are skipped.
+          dense: bool ``[1|batch, 1|heads, 1|q_len, 1|kv_len]``, required iff
+            ``has_dense_mask``.
+        Returns:
+          ``[1|batch, 1|heads, n_q_tiles, n_kv_tiles]`` int32.
+        """
+        n_q, n_kv = cdiv(self.q_len, block_q), cdiv(self.kv_len, block_k)
+        classes = jnp.full((1, 1, n_q, n_kv), FULL, jnp.int32)
+        if self.has_segments:
+            q_lo, q_hi = _segment_range(q_segment_ids, block_q)
+            k_lo, k_hi = _segment_range(kv_segment_ids, block_k)
+            q_lo, q_hi, k_lo, k_hi = q_lo[:, :, None], q_hi[:, :, None], k_lo[:, None, :], k_hi[:, None, :]
+            apart = (q_hi < k_lo) | (k_hi < q_lo)
+            same = (q_lo == q_hi) & (k_lo == k_hi) & (q_lo == k_lo)
+            classes = jnp.minimum(classes, jnp.where(apart, SKIP, jnp.where(same, FULL, MASKED))[:, None])
+        if self.has_dense_mask:
+            seen = _dense_tiles(_dense_tiles(dense, block_q, 2, False, jnp.any), block_k, 3, False, jnp.any)
+            whole = _dense_tiles(_dense_tiles(dense, block_q, 2, True, jnp.all), block_k, 3, True, jnp.all)
+            classes = jnp.minimum(classes, jnp.where(seen, jnp.where(whole, FULL, MASKED), SKIP))
+        return jnp.broadcast_to(classes, (*classes.shape[:2], n_q, n_kv))
+
+    def tile_bounds(self, block_q: int, block_k: int, *, transposed: bool = False, **runtime):
+        """Per-tile bounds of the runtime mask (`tile_classes`'s arguments), for the span
+        functions: ``[1|batch, 1|heads, n_q_tiles, 4]`` for `kv_spans`, or with
+        ``transposed`` ``[..., n_kv_tiles, 4]`` for `q_spans`; None if the mask has no
+        runtime part."""
+        if self.is_structured:
+            return None
+        classes = self.tile_classes(block_q, block_k, **runtime)
+        return bounds_from_classes(jnp.swapaxes(classes, -1, -2) if transposed else classes)
+
+    def kv_spans(self, q_tile, block_q: int, block_k: int, bounds=None) -> tuple[TileSpan, ...]:
         """Key tiles that query tile ``q_tile`` must visit, in increasing order.
 
         Tiles outside the spans hold no visible key for any row of the query tile.
         Spans with ``masked=False`` are interior: every key of the tile is in bounds and
-        inside the window for every row, so no element-wise mask is needed there.
+        inside the window for every row (and, given ``bounds``, in the row's segment and
+        the dense mask), so no element-wise mask is needed there.
+
+        Args:
+          bounds: this query tile's ``(lo, full_lo, full_hi, hi)`` from `tile_bounds`;
+            without it a mask with runtime parts visits every tile its positions allow,
+            masked.
         """
         n_kv = self.kv_len
         first = q_tile * block_q + self.offset
         last = jnp.minimum(q_tile * block_q + block_q, self.q_len) - 1 + self.offset
         lo = 0 if self.left is None else lax.div(_clip(first - self.left, 0, n_kv), block_k)
         if self.right is None:
-            hi = _cdiv(n_kv, block_k)
+            hi = _tile_cdiv(n_kv, block_k)
         else:
-            hi = _cdiv(_clip(last + self.right + 1, 0, n_kv), block_k)
+            hi = _tile_cdiv(_clip(last + self.right + 1, 0, n_kv), block_k)
         lo = jnp.minimum(lo, hi)
-        if not self.is_structured:
-            return (TileSpan(lo, hi, True),)
         if self.left is None:
             full_lo = lo
         else:
             last_unclipped = q_tile * block_q + block_q - 1 + self.offset
-            full_lo = _clip(_cdiv(jnp.maximum(last_unclipped - self.left, 0), block_k), lo, hi)
+            full_lo = _clip(_tile_cdiv(jnp.maximum(last_unclipped - self.left, 0), block_k), lo, hi)
         if self.right is None:
             full_hi = n_kv // block_k
         else:
             full_hi = lax.div(_clip(first + self.right + 1, 0, n_kv), block_k)
-        full_hi = _clip(full_hi, full_lo, hi)
-        spans = []
-        if self.left is not None:
-            spans.append(TileSpan(lo, full_lo, True))
-        if n_kv >= block_k:  # otherwise no key tile is whole, and the span is empty
-            spans.append(TileSpan(full_lo, full_hi, False))
-        if self.right is not None or n_kv % block_k:
-            spans.append(TileSpan(full_hi, hi, True))
-        return tuple(spans)
+        positional = TileBounds(lo, full_lo, _clip(full_hi, full_lo, hi), hi)
+        return self._spans(
+            positional,
+            bounds,
+            head=self.left is not None,
+            interior=n_kv >= block_k,
+            tail=self.right is not None or n_kv % block_k != 0,
+        )
 
-    def q_spans(self, kv_tile, block_q: int, block_k: int) -> tuple[TileSpan, ...]:
-        """Query tiles that can see key tile ``kv_tile``; the transpose of `kv_spans`.
+    def q_spans(self, kv_tile, block_q: int, block_k: int, bounds=None) -> tuple[TileSpan, ...]:
+        """Query tiles that can see key tile ``kv_tile``; the transpose of `kv_spans`
+        (``bounds`` from `tile_bounds` with ``transposed=True``).
 
         A (query tile, key tile) pair is interior here iff it is interior there. Query
         rows past ``q_len`` are not masked in interior tiles: callers load them as zeros
@@ -176,17 +333,15 @@ class MaskSpec:
         last = jnp.minimum(first + block_k, self.kv_len) - 1
         lo = 0 if self.right is None else lax.div(_clip(first - self.right - self.offset, 0, n_q), block_q)
         if self.left is None:
-            hi = _cdiv(n_q, block_q)
+            hi = _tile_cdiv(n_q, block_q)
         else:
-            hi = _cdiv(_clip(last + self.left - self.offset + 1, 0, n_q), block_q)
+            hi = _tile_cdiv(_clip(last + self.left - self.offset + 1, 0, n_q), block_q)
         lo = jnp.minimum(lo, hi)
-        if not self.is_structured:
-            return (TileSpan(lo, hi, True),)
         if self.right is None:
             full_lo = lo
         else:
             first_row = first + block_k - 1 - self.offset - self.right
-            full_lo = _clip(_cdiv(jnp.maximum(first_row, 0), block_q), lo, hi)
+            full_lo = _clip(_tile_cdiv(jnp.maximum(first_row, 0), block_q), lo, hi)
         if self.left is None:
             full_hi = hi
         else:
@@ -197,10 +352,18 @@ class MaskSpec:
             partial = first + block_k > self.kv_len
             full_lo = jnp.where(partial, hi, full_lo)
             full_hi = jnp.where(partial, hi, full_hi)
-        spans = []
-        if self.right is not None or ragged_kv:
-            spans.append(TileSpan(lo, full_lo, True))
-        spans.append(TileSpan(full_lo, full_hi, False))
-        if self.left is not None:
-            spans.append(TileSpan(full_hi, hi, True))
-        return tuple(spans)
+        positional = TileBounds(lo, full_lo, full_hi, hi)
+        return self._spans(
+            positional, bounds, head=self.right is not None or ragged_kv, interior=True, tail=self.left is not None
+        )
+
+    def _spans(self, positional: TileBounds, bounds, *, head: bool, interior: bool, tail: bool):
+        """The spans of ``positional`` intersected with the runtime ``bounds`` (whose
+        masked spans can be anywhere); without bounds, one masked span for a mask with
+        runtime parts, else the spans that can be non-empty. ``head``, ``interior`` and
+        ``tail`` (static) say which spans the positions alone can make non-empty."""
+        if bounds is not None:
+            return positional.intersect(TileBounds(*bounds)).spans(interior=interior)
+        if not self.is_structured:
+            return (TileSpan(positional.lo, positional.hi, True),)
+        return positional.spans(head=head, interior=interior, tail=tail)

@@ -22,6 +22,7 @@ cast to the input dtype at the end.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -36,7 +37,15 @@ from jaxtile._core import Config, Inputs, differentiable
 # FlashAttention-1 holds O_i in registers next to S_ij; smaller tiles than FA2's.
 _DEFAULT = tn.KernelTuning(64, 64, 4, 2)
 _DEFAULT_WIDE = tn.KernelTuning(32, 32, 4, 1)  # head dims above 128, or float32
-_WIDEST = 64  # requested tiles are capped to this (16-bit inputs; see `pk.Tiles.fit`)
+# What each kernel keeps in shared memory (`pk.Staging`): K_j, V_j for the outer step; Q_i
+# and the float32 O_i (two tiles' worth) per inner step, and dO_i, dQ_i backward.
+_FORWARD = pk.Staging(resident=(("k", "d"), ("k", "v")), streamed=(("q", "d"), ("q", "v"), ("q", "v")))
+_BACKWARD = pk.Staging(
+    resident=(("k", "d"), ("k", "v")),
+    streamed=(("q", "d"), ("q", "v"), ("q", "v"), ("q", "d"), ("q", "d")),
+    staged=(("q", "k"),),
+    copies=2,
+)
 
 
 def _tuning(inputs: Inputs, config: Config) -> tuple[tn.KernelTuning, tn.KernelTuning]:
@@ -77,10 +86,17 @@ def _forward_kernel(*refs, kernel: pk.Kernel):
         l_i = pk.load_row_stat(l_ref, b, h, q_start, bq, dims.q_len, 0.0)
         # Line 9: S_ij = Q_i K_jᵀ (the scale is folded into the exponentials).
         pre = logits.pre(kernel.dot(q_i, k_j, trans_b=True))
-        visible = runtime.visible(spec, b, h, q_start, bq, kv_start, bk) if masked else None
+        visible = runtime.visible(spec, b, h, q_start, kernel.tiles, kv_start, bk) if masked else None
         # Line 10: m~_ij, P~_ij = exp(S_ij - m~_ij), l~_ij.
         p, m_ij, l_ij = sm.tile_softmax(pre, logits, visible, kernel.exp2)
-        pv = kernel.masked_dot(p, v_j, visible)
+        contained = None
+        if masked:
+            contained = pk.Contained(
+                row=lambda c: pk.load_tile(v_ref, b, h_kv, kv_start + c, 1, dims.kv_len, dims.head_dim_v, ragged=True),
+                seen=lambda c: runtime.visible(spec, b, h, q_start, kernel.tiles, kv_start + c, 1),
+                count=bk,
+            )
+        pv = kernel.accumulate(jnp.zeros_like(o_i), p, v_j, contained)
         # Lines 11-12: m_new, l_new; O_i <- diag(l_new)^-1 (diag(l_i) e^(m_i - m_new) O_i + e^(m~ - m_new) P~ V_j).
         o_i, m_i, l_i = sm.rescaled_update(o_i, m_i, l_i, pv, m_ij, l_ij, kernel.exp2)
         # Lines 12-13: write O_i, l_i, m_i back to HBM.
@@ -96,7 +112,7 @@ def _forward_kernel(*refs, kernel: pk.Kernel):
         k_j = pk.load_tile(k_ref, b, h_kv, kv_start, bk, dims.kv_len, dims.head_dim, ragged=ragged_kv)
         v_j = pk.load_tile(v_ref, b, h_kv, kv_start, bk, dims.kv_len, dims.head_dim_v, ragged=ragged_kv)
         # Line 7: the query tiles that can see K_j.
-        for span in spec.q_spans(j, bq, bk):
+        for span in runtime.spans(spec, b, h, j, True, bq, bk):
             body = functools.partial(q_step, span.masked, kv_start, k_j, v_j)
             carry = lax.fori_loop(span.start, span.stop, body, carry)
         return carry
@@ -108,20 +124,25 @@ def _forward_kernel(*refs, kernel: pk.Kernel):
 
 def _forward(inputs: Inputs, config: Config):
     forward, _ = _tuning(inputs, config)
-    kernel = pk.Kernel.create(inputs, config, forward, _WIDEST)
+    kernel = pk.Kernel.create(inputs, config, forward, _FORWARD)
     dims = kernel.dims
     stat = jax.ShapeDtypeStruct((dims.batch, dims.num_heads, dims.q_len), jnp.float32)
     out, m, l = pk.launch(
-        functools.partial(_forward_kernel, kernel=kernel),
+        _forward_kernel,
+        kernel,
         num_programs=dims.batch * dims.num_heads,
-        inputs=[inputs.q, inputs.k, inputs.v, *pk.runtime_inputs(inputs)],
+        inputs=[
+            inputs.q,
+            inputs.k,
+            inputs.v,
+            *pk.runtime_inputs(inputs),
+            *pk.tile_bounds(inputs, config.mask, kernel.tiles.block_q, kernel.tiles.block_k, transposed=True),
+        ],
         outputs=[
             jax.ShapeDtypeStruct((dims.batch, dims.q_len, dims.num_heads, dims.head_dim_v), jnp.float32),
             stat,
             stat,
         ],
-        tuning=forward,
-        config=config,
         name="jaxtile_fa1_forward",
     )
     return out.astype(inputs.q.dtype), sm.log_sum_exp(m, l), (m, l)
@@ -136,6 +157,7 @@ def _backward_kernel(*refs, kernel: pk.Kernel):
     bq, bk = kernel.tiles.block_q, kernel.tiles.block_k
     _, b, h_kv = pk.program_ids(1, dims.num_kv_heads, heaviest_first=False)
     ragged_q, ragged_kv = dims.q_len % bq != 0, dims.kv_len % bk != 0
+    one_row = dataclasses.replace(kernel.tiles, block_q=1)
 
     def init(n, carry):
         # Line 5: dQ = 0, in HBM (one row tile of one head of the group per step).
@@ -155,23 +177,34 @@ def _backward_kernel(*refs, kernel: pk.Kernel):
         inv_l_i = pk.load_row_stat(inv_l_ref, b, h, q_start, bq, dims.q_len, 0.0)
         # Lines 11-13: S_ij = τ Q_i K_jᵀ, masked; P_ij = diag(l_i)^-1 exp(S_ij - m_i).
         pre = logits.pre(kernel.dot(q_i, k_j, trans_b=True))
-        visible = runtime.visible(spec, b, h, q_start, bq, kv_start, bk) if masked else None
+        visible = runtime.visible(spec, b, h, q_start, kernel.tiles, kv_start, bk) if masked else None
         p = sm.probabilities(pre, m_i[:, None], logits, visible, kernel.exp2, inv_l_i[:, None])
         # Line 16: dV_j += P_ijᵀ dO_i.
-        dv_j += kernel.dot(p.astype(do_i.dtype), do_i, trans_a=True)
+        dv_j = kernel.accumulate(dv_j, p, do_i, trans_a=True)
         # Lines 17-20: dP_ij = dO_i V_jᵀ; D_i = rowsum(dO_i ∘ O_i); dS_ij = P_ij ∘ (dP_ij - D_i).
         dp = kernel.dot(do_i, v_j, trans_b=True)
         dlse = pk.load_row_stat(dlse_ref, b, h, q_start, bq, dims.q_len, 0.0)
         d_i = jnp.sum(do_i.astype(jnp.float32) * o_i.astype(jnp.float32), axis=-1) - dlse
         ds = sm.score_grad(p, dp, d_i[:, None], pre, logits, visible)
         # Line 21: dQ_i += dS_ij K_j, read and written back to HBM.
+        by_key = by_query = None
+        if masked:
+            by_key = pk.Contained(
+                row=lambda c: pk.load_tile(k_ref, b, h_kv, kv_start + c, 1, dims.kv_len, dims.head_dim, ragged=True),
+                seen=lambda c: runtime.visible(spec, b, h, q_start, kernel.tiles, kv_start + c, 1),
+                count=bk,
+            )
+            by_query = pk.Contained(
+                row=lambda c: pk.load_tile(q_ref, b, h, q_start + c, 1, dims.q_len, dims.head_dim, ragged=True),
+                seen=lambda c: runtime.visible(spec, b, h, q_start + c, one_row, kv_start, bk, transposed=True),
+                count=bq,
+            )
         dq_i = pk.load_tile(dq_ref, b, h, q_start, bq, dims.q_len, dims.head_dim, ragged=ragged_q)
-        dq_i += kernel.ds_dot(ds, k_j, visible)
+        dq_i = kernel.accumulate(dq_i, ds, k_j, by_key, unbounded=True)
         pk.store_tile(dq_ref, b, h, q_start, dq_i, dims.q_len, dims.head_dim)
         kernel.barrier()
         # Line 22: dK_j += dS_ijᵀ Q_i.
-        dk_j += kernel.ds_dot(ds, q_i, visible, trans_a=True)
-        return dk_j, dv_j
+        return kernel.accumulate(dk_j, ds, q_i, by_query, trans_a=True, unbounded=True), dv_j
 
     def kv_step(j, carry):
         # Lines 6-8: load K_j, V_j; dK_j = dV_j = 0.
@@ -182,7 +215,7 @@ def _backward_kernel(*refs, kernel: pk.Kernel):
         def one_head(g, acc):
             # Line 9, for each query head of the group: the query tiles that see K_j.
             h = h_kv * dims.group + g
-            for span in spec.q_spans(j, bq, bk):
+            for span in runtime.spans(spec, b, h, j, True, bq, bk):
                 body = functools.partial(q_step, h, span.masked, kv_start, k_j, v_j)
                 acc = lax.fori_loop(span.start, span.stop, body, acc)
             return acc
@@ -202,20 +235,30 @@ def _backward_kernel(*refs, kernel: pk.Kernel):
 def _backward(inputs: Inputs, out, stats, dout, dlse, config: Config):
     """Algorithm 4 in one kernel; returns ``(dq, dk, dv)``."""
     _, backward = _tuning(inputs, config)
-    kernel = pk.Kernel.create(inputs, config, backward, _WIDEST)
+    kernel = pk.Kernel.create(inputs, config, backward, _BACKWARD)
     dims = kernel.dims
     m, inv_l = sm.stats_base2(*stats)
     dq, dk, dv = pk.launch(
-        functools.partial(_backward_kernel, kernel=kernel),
+        _backward_kernel,
+        kernel,
         num_programs=dims.batch * dims.num_kv_heads,
-        inputs=[inputs.q, inputs.k, inputs.v, out, dout, m, inv_l, dlse, *pk.runtime_inputs(inputs)],
+        inputs=[
+            inputs.q,
+            inputs.k,
+            inputs.v,
+            out,
+            dout,
+            m,
+            inv_l,
+            dlse,
+            *pk.runtime_inputs(inputs),
+            *pk.tile_bounds(inputs, config.mask, kernel.tiles.block_q, kernel.tiles.block_k, transposed=True),
+        ],
         outputs=[
             jax.ShapeDtypeStruct(inputs.q.shape, jnp.float32),
             jax.ShapeDtypeStruct(inputs.k.shape, inputs.k.dtype),
             jax.ShapeDtypeStruct(inputs.v.shape, inputs.v.dtype),
         ],
-        tuning=backward,
-        config=config,
         name="jaxtile_fa1_backward",
     )
     return dq.astype(inputs.q.dtype), dk, dv

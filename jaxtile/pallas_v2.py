@@ -2,16 +2,22 @@
 
 Dao (2023), Algorithms 1 and 2, in three kernels:
 
-* forward: one program per (query tile, batch, head); the key/value loop visits only
-  the tiles the mask description allows, applying the element-wise mask only on
-  boundary tiles; online softmax in base 2; writes out and lse.
-* dK/dV: one program per (key tile, batch, kv head). It loops over the query heads of
-  its group and, for each, over the query tiles that can see the key tile, accumulating
-  dK and dV in registers: no atomics, no repeated K/V, bitwise-deterministic results.
-  Scores are formed transposed (``K Qᵀ``) so ``Pᵀ`` and ``dSᵀ`` feed the matrix units
-  without a transpose.
-* dQ: one program per (query tile, batch, head), looping over key tiles.
+* forward: one program per (query tile, batch, head) — or, for queries too short to fill
+  a tile (decoding), per group of query heads sharing a kv head (`pk.Tiles`); the
+  key/value loop visits only the tiles the mask description allows (segment ids and a
+  dense mask included, through `MaskSpec.tile_bounds`), applying the element-wise mask
+  only on boundary tiles; online softmax in base 2; writes out and lse.
+* dK/dV: one program per (key tile, batch, kv head), or per share of the kv head's query
+  heads when there are too few kv heads to fill the GPU (MQA; the float32 shares are
+  summed by XLA in a fixed order). It loops over its query heads and, for each, over the
+  query tiles that can see the key tile, accumulating dK and dV in registers: no
+  atomics, no repeated K/V, bitwise-deterministic results. Scores are formed transposed
+  (``K Qᵀ``) so ``Pᵀ`` and ``dSᵀ`` feed the matrix units without a transpose.
+* dQ: one program per query tile as in the forward, looping over key tiles.
 
+Only boundary tiles pay for exactness: their products zero the non-finite entries of
+the operand they contract and, in the rare tile that has any, add them back to exactly
+the rows that see them (`pk.Kernel.accumulate`); interior tiles are plain products.
 ``D = rowsum(dO ∘ O)`` and the base-2 lse are formed by XLA before the backward kernels.
 """
 
@@ -29,22 +35,20 @@ from jaxtile import _softmax as sm
 from jaxtile import tuning as tn
 from jaxtile._core import Config, Inputs, differentiable
 
-_WIDEST = 128  # requested tiles are capped to this (16-bit inputs; see `pk.Tiles.fit`)
-
 
 def _tuning(inputs: Inputs, config: Config) -> tn.Tuning:
     """The launch parameters of this call: the user's, autotuned, or the table's."""
     dims = pk.Dims.of(inputs)
     head_dim = max(dims.head_dim_p, dims.head_dim_v_p)
-    causal = config.mask.right is not None
+    kind = tn.mask_kind(config.mask)
     if isinstance(config.tuning, tn.Tuning):
         tuning = config.tuning
     elif config.tuning == tn.AUTOTUNE and config.platform == "gpu":
         key = (dims, inputs.q.dtype, config.mask, config.logits, config.block_q, config.block_k)
-        options = tn.candidates(head_dim, inputs.q.dtype, causal)
+        options = tn.candidates(head_dim, inputs.q.dtype, kind)
         return tn.autotuned(key, options, functools.partial(_measure, inputs, config))
     else:
-        tuning = tn.default_tuning(head_dim, inputs.q.dtype, causal)
+        tuning = tn.default_tuning(head_dim, inputs.q.dtype, kind)
     return tuning.with_blocks(config.block_q, config.block_k)
 
 
@@ -72,16 +76,30 @@ def _measure(inputs: Inputs, config: Config, tuning: tn.Tuning) -> tuple[float, 
     return fwd, max(total - fwd, 0.0)
 
 
+# The dK/dV kernel splits a kv head's query heads over programs below this many programs.
+_MIN_PROGRAMS = 1024
+# What each kernel keeps in shared memory (`pk.Staging`), for `pk.Tiles.fit`.
+_FORWARD = pk.Staging(resident=(("q", "d"),), streamed=(("k", "d"), ("k", "v")))
+_DKDV = pk.Staging(resident=(("k", "d"), ("k", "v")), streamed=(("q", "d"), ("q", "v")))
+_DQ = pk.Staging(resident=(("q", "d"), ("q", "v")), streamed=(("k", "d"), ("k", "v")))
+
+
+def _packable(inputs: Inputs) -> bool:
+    """Query heads of a group can share a tile unless a dense mask differs by head."""
+    return inputs.mask is None or inputs.mask.shape[1] == 1
+
+
 def _forward_kernel(*refs, kernel: pk.Kernel):
-    """Algorithm 1 for one (query tile, batch, head)."""
+    """Algorithm 1 for one (query tile, batch, packed heads)."""
     (q_ref, k_ref, v_ref), runtime, (o_ref, lse_ref) = pk.split_refs(refs, 3, kernel.config.mask)
-    spec, logits, dims = kernel.config.mask, kernel.config.logits, kernel.dims
-    bq, bk = kernel.tiles.block_q, kernel.tiles.block_k
-    t, b, h = pk.program_ids(kernel.tiles.num_q_tiles(dims), dims.num_heads, heaviest_first=spec.right is not None)
-    h_kv = lax.div(h, dims.group)
-    q_start = t * bq
+    spec, logits, dims, tiles = kernel.config.mask, kernel.config.logits, kernel.dims, kernel.tiles
+    n, bk = tiles.positions, tiles.block_k
+    t, b, hb = pk.program_ids(tiles.num_q_tiles(dims), dims.num_heads // tiles.pack, spec.right is not None)
+    h0 = hb * tiles.pack
+    h_kv = lax.div(h0, dims.group)
+    q_start = t * n
     # Line 4: load Q_i (stays in registers); initialise O_i, l_i, m_i.
-    q = pk.load_tile(q_ref, b, h, q_start, bq, dims.q_len, dims.head_dim, ragged=dims.q_len % bq != 0)
+    q = pk.load_rows(q_ref, b, h0, q_start, tiles, dims.q_len, dims.head_dim, ragged=dims.q_len % n != 0)
 
     def body(masked, j, carry):
         acc, m_i, l_i = carry
@@ -89,61 +107,82 @@ def _forward_kernel(*refs, kernel: pk.Kernel):
         # Lines 6-8: load K_j; S_ij = Q_i K_jᵀ. (Each tile is loaded just before its
         # first use, which lets Triton's pipeliner wait on K_j alone before the first dot.)
         k_j = pk.load_tile(k_ref, b, h_kv, kv_start, bk, dims.kv_len, dims.head_dim, ragged=masked)
-        qk = kernel.dot(q, k_j, trans_b=True)
-        pre = logits.pre(qk)
-        visible = runtime.visible(spec, b, h, q_start, bq, kv_start, bk) if masked else None
+        pre = logits.pre(kernel.dot(q, k_j, trans_b=True))
+        visible = runtime.visible(spec, b, h0, q_start, tiles, kv_start, bk) if masked else None
         # Lines 9-10: online softmax; O_i = diag(exp(m_old - m_new)) O_i + P_ij V_j.
         p, alpha, m_i, l_i = sm.online_softmax(pre, m_i, l_i, logits, visible, kernel.exp2)
         v_j = pk.load_tile(v_ref, b, h_kv, kv_start, bk, dims.kv_len, dims.head_dim_v, ragged=masked)
-        pv = kernel.masked_dot(p, v_j, visible)
-        return acc * alpha[:, None] + pv, m_i, l_i
+        contained = None
+        if masked:
+            contained = pk.Contained(
+                row=lambda c: pk.load_tile(v_ref, b, h_kv, kv_start + c, 1, dims.kv_len, dims.head_dim_v, ragged=True),
+                seen=lambda c: runtime.visible(spec, b, h0, q_start, tiles, kv_start + c, 1),
+                count=bk,
+            )
+        return kernel.accumulate(acc * alpha[:, None], p, v_j, contained), m_i, l_i
 
     carry = (
-        jnp.zeros((bq, dims.head_dim_v_p), jnp.float32),
-        jnp.full((bq,), -jnp.inf, jnp.float32),
-        jnp.zeros((bq,), jnp.float32),
+        jnp.zeros((tiles.block_q, dims.head_dim_v_p), jnp.float32),
+        jnp.full((tiles.block_q,), -jnp.inf, jnp.float32),
+        jnp.zeros((tiles.block_q,), jnp.float32),
     )
-    for span in spec.kv_spans(t, bq, bk):
+    for span in runtime.spans(spec, b, h0, t, False, n, bk):
         carry = lax.fori_loop(span.start, span.stop, functools.partial(body, span.masked), carry)
     # Lines 12-13: normalise once; L_i = m_i + log(l_i).
     out, lse = sm.finalize(*carry)
-    pk.store_tile(o_ref, b, h, q_start, out, dims.q_len, dims.head_dim_v)
-    pk.store_row_stat(lse_ref, b, h, q_start, lse, dims.q_len)
+    pk.store_rows(o_ref, b, h0, q_start, out, tiles, dims.q_len, dims.head_dim_v)
+    pk.store_rows_stat(lse_ref, b, h0, q_start, lse, tiles, dims.q_len)
 
 
 def _forward(inputs: Inputs, config: Config):
-    tuning = _tuning(inputs, config)
-    kernel = pk.Kernel.create(inputs, config, tuning.forward, _WIDEST)
-    dims = kernel.dims
+    tuning = _tuning(inputs, config).forward
+    kernel = pk.Kernel.create(inputs, config, tuning, _FORWARD, packable=_packable(inputs))
+    dims, tiles = kernel.dims, kernel.tiles
+    bounds = pk.tile_bounds(inputs, config.mask, tiles.positions, tiles.block_k, transposed=False)
     out, lse = pk.launch(
-        functools.partial(_forward_kernel, kernel=kernel),
-        num_programs=kernel.tiles.num_q_tiles(dims) * dims.batch * dims.num_heads,
-        inputs=[inputs.q, inputs.k, inputs.v, *pk.runtime_inputs(inputs)],
+        _forward_kernel,
+        kernel,
+        num_programs=tiles.num_q_tiles(dims) * dims.batch * (dims.num_heads // tiles.pack),
+        inputs=[inputs.q, inputs.k, inputs.v, *pk.runtime_inputs(inputs), *bounds],
         outputs=[
             jax.ShapeDtypeStruct((dims.batch, dims.q_len, dims.num_heads, dims.head_dim_v), inputs.q.dtype),
-            jax.ShapeDtypeStruct((dims.batch, dims.num_heads, dims.q_len), jnp.float32),
+            jax.ShapeDtypeStruct((dims.batch, dims.q_len, dims.num_heads), jnp.float32),
         ],
-        tuning=tuning.forward,
-        config=config,
         name="jaxtile_fa2_forward",
     )
+    lse = jnp.swapaxes(lse, 1, 2)
     return out, lse, lse
 
 
-def _dkdv_kernel(*refs, kernel: pk.Kernel):
-    """Algorithm 2, lines 6-18, for one (key tile, batch, kv head), transposed."""
+def _group_splits(dims: pk.Dims, tiles: pk.Tiles) -> int:
+    """Programs that share one kv head's query heads in the dK/dV kernel (each summing
+    dK, dV over its share): the fewest, a power of two dividing the group, that give
+    `_MIN_PROGRAMS` programs, so that MQA's few kv heads still fill the GPU."""
+    programs = tiles.num_kv_tiles(dims) * dims.batch * dims.num_kv_heads
+    splits = 1
+    while dims.group % (2 * splits) == 0 and programs * splits < _MIN_PROGRAMS:
+        splits *= 2
+    return splits
+
+
+def _dkdv_kernel(*refs, kernel: pk.Kernel, splits: int):
+    """Algorithm 2, lines 6-18, for one (key tile, batch, kv head, share of its query
+    heads), transposed."""
     (q_ref, k_ref, v_ref, do_ref, lse2_ref, delta_ref), runtime, (dk_ref, dv_ref) = pk.split_refs(
         refs, 6, kernel.config.mask
     )
-    spec, logits, dims = kernel.config.mask, kernel.config.logits, kernel.dims
-    bq, bk = kernel.tiles.block_q, kernel.tiles.block_k
-    j, b, h_kv = pk.program_ids(kernel.tiles.num_kv_tiles(dims), dims.num_kv_heads, heaviest_first=False)
+    spec, logits, dims, tiles = kernel.config.mask, kernel.config.logits, kernel.dims, kernel.tiles
+    bq, bk = tiles.block_q, tiles.block_k
+    j, b, share = pk.program_ids(tiles.num_kv_tiles(dims), dims.num_kv_heads * splits, heaviest_first=False)
+    h_kv = lax.div(share, splits)
+    heads = dims.group // splits
     kv_start = j * bk
     ragged_kv = dims.kv_len % bk != 0
     # Lines 6-7: load K_j, V_j; dK_j = dV_j = 0.
     k_j = pk.load_tile(k_ref, b, h_kv, kv_start, bk, dims.kv_len, dims.head_dim, ragged=ragged_kv)
     v_j = pk.load_tile(v_ref, b, h_kv, kv_start, bk, dims.kv_len, dims.head_dim_v, ragged=ragged_kv)
     ragged_q = dims.q_len % bq != 0
+    one_row = dataclasses.replace(tiles, block_q=1, pack=1)
 
     def body(h, masked, i, carry):
         dk_j, dv_j = carry
@@ -151,97 +190,139 @@ def _dkdv_kernel(*refs, kernel: pk.Kernel):
         # Lines 8-11: load Q_i and L_i (rows past q_len: zeros and L = +inf);
         # Sᵀ = K_j Q_iᵀ, Pᵀ = exp(Sᵀ - L_i).
         q_i = pk.load_tile(q_ref, b, h, q_start, bq, dims.q_len, dims.head_dim, ragged=ragged_q)
-        qk_t = kernel.dot(k_j, q_i, trans_b=True)
-        pre_t = logits.pre(qk_t)
-        visible = runtime.visible(spec, b, h, q_start, bq, kv_start, bk, transposed=True) if masked else None
+        pre_t = logits.pre(kernel.dot(k_j, q_i, trans_b=True))
+        visible = runtime.visible(spec, b, h, q_start, tiles, kv_start, bk, transposed=True) if masked else None
         lse2 = pk.load_row_stat(lse2_ref, b, h, q_start, bq, dims.q_len, jnp.inf)
         p_t = sm.probabilities(pre_t, lse2[None, :], logits, visible, kernel.exp2)
         # Line 12: load dO_i; dV_j += Pᵀ dO_i.
         do_i = pk.load_tile(do_ref, b, h, q_start, bq, dims.q_len, dims.head_dim_v, ragged=ragged_q)
-        dv_j += kernel.dot(p_t.astype(do_i.dtype), do_i)
+        dv_j = kernel.accumulate(dv_j, p_t, do_i)
         # Lines 13-14: dPᵀ = V_j dO_iᵀ, dSᵀ = Pᵀ ∘ (dPᵀ - D_i).
         dp_t = kernel.dot(v_j, do_i, trans_b=True)
         delta = pk.load_row_stat(delta_ref, b, h, q_start, bq, dims.q_len, 0.0)
         ds_t = sm.score_grad(p_t, dp_t, delta[None, :], pre_t, logits, visible)
         # Line 16: dK_j += dSᵀ Q_i.
-        dk_j += kernel.ds_dot(ds_t, q_i, visible)
-        return dk_j, dv_j
+        contained = None
+        if masked:
+            contained = pk.Contained(
+                row=lambda c: pk.load_tile(q_ref, b, h, q_start + c, 1, dims.q_len, dims.head_dim, ragged=True),
+                seen=lambda c: runtime.visible(spec, b, h, q_start + c, one_row, kv_start, bk, transposed=True),
+                count=bq,
+            )
+        return kernel.accumulate(dk_j, ds_t, q_i, contained, unbounded=True), dv_j
 
     def one_head(g, carry):
-        h = h_kv * dims.group + g
-        for span in spec.q_spans(j, bq, bk):
+        h = share * heads + g
+        for span in runtime.spans(spec, b, h, j, True, bq, bk):
             carry = lax.fori_loop(span.start, span.stop, functools.partial(body, h, span.masked), carry)
         return carry
 
     carry = (jnp.zeros((bk, dims.head_dim_p), jnp.float32), jnp.zeros((bk, dims.head_dim_v_p), jnp.float32))
-    dk_j, dv_j = lax.fori_loop(0, dims.group, one_head, carry)
-    # Line 18: write dK_j, dV_j.
-    pk.store_tile(dk_ref, b, h_kv, kv_start, dk_j, dims.kv_len, dims.head_dim)
-    pk.store_tile(dv_ref, b, h_kv, kv_start, dv_j, dims.kv_len, dims.head_dim_v)
+    dk_j, dv_j = lax.fori_loop(0, heads, one_head, carry)
+    # Line 18: write dK_j, dV_j (this share's part of them).
+    pk.store_tile(dk_ref, b, share, kv_start, dk_j, dims.kv_len, dims.head_dim)
+    pk.store_tile(dv_ref, b, share, kv_start, dv_j, dims.kv_len, dims.head_dim_v)
 
 
 def _dq_kernel(*refs, kernel: pk.Kernel):
-    """Algorithm 2, line 15, for one (query tile, batch, head): dQ_i = Σ_j dS_ij K_j."""
+    """Algorithm 2, line 15, for one (query tile, batch, packed heads): dQ_i = Σ_j dS_ij K_j."""
     (q_ref, k_ref, v_ref, do_ref, lse2_ref, delta_ref), runtime, (dq_ref,) = pk.split_refs(refs, 6, kernel.config.mask)
-    spec, logits, dims = kernel.config.mask, kernel.config.logits, kernel.dims
-    bq, bk = kernel.tiles.block_q, kernel.tiles.block_k
-    t, b, h = pk.program_ids(kernel.tiles.num_q_tiles(dims), dims.num_heads, heaviest_first=spec.right is not None)
-    h_kv = lax.div(h, dims.group)
-    q_start = t * bq
-    ragged_q = dims.q_len % bq != 0
-    q_i = pk.load_tile(q_ref, b, h, q_start, bq, dims.q_len, dims.head_dim, ragged=ragged_q)
-    do_i = pk.load_tile(do_ref, b, h, q_start, bq, dims.q_len, dims.head_dim_v, ragged=ragged_q)
-    lse2 = pk.load_row_stat(lse2_ref, b, h, q_start, bq, dims.q_len, jnp.inf)
-    delta = pk.load_row_stat(delta_ref, b, h, q_start, bq, dims.q_len, 0.0)
+    spec, logits, dims, tiles = kernel.config.mask, kernel.config.logits, kernel.dims, kernel.tiles
+    n, bk = tiles.positions, tiles.block_k
+    t, b, hb = pk.program_ids(tiles.num_q_tiles(dims), dims.num_heads // tiles.pack, spec.right is not None)
+    h0 = hb * tiles.pack
+    h_kv = lax.div(h0, dims.group)
+    q_start = t * n
+    ragged_q = dims.q_len % n != 0
+    q_i = pk.load_rows(q_ref, b, h0, q_start, tiles, dims.q_len, dims.head_dim, ragged=ragged_q)
+    do_i = pk.load_rows(do_ref, b, h0, q_start, tiles, dims.q_len, dims.head_dim_v, ragged=ragged_q)
+    lse2 = pk.load_rows_stat(lse2_ref, b, h0, q_start, tiles, dims.q_len, jnp.inf)
+    delta = pk.load_rows_stat(delta_ref, b, h0, q_start, tiles, dims.q_len, 0.0)
 
     def body(masked, j, dq_i):
         kv_start = j * bk
         k_j = pk.load_tile(k_ref, b, h_kv, kv_start, bk, dims.kv_len, dims.head_dim, ragged=masked)
-        qk = kernel.dot(q_i, k_j, trans_b=True)
-        pre = logits.pre(qk)
-        visible = runtime.visible(spec, b, h, q_start, bq, kv_start, bk) if masked else None
+        pre = logits.pre(kernel.dot(q_i, k_j, trans_b=True))
+        visible = runtime.visible(spec, b, h0, q_start, tiles, kv_start, bk) if masked else None
         p = sm.probabilities(pre, lse2[:, None], logits, visible, kernel.exp2)
         v_j = pk.load_tile(v_ref, b, h_kv, kv_start, bk, dims.kv_len, dims.head_dim_v, ragged=masked)
         dp = kernel.dot(do_i, v_j, trans_b=True)
         ds = sm.score_grad(p, dp, delta[:, None], pre, logits, visible)
-        return dq_i + kernel.ds_dot(ds, k_j, visible)
+        contained = None
+        if masked:
+            contained = pk.Contained(
+                row=lambda c: pk.load_tile(k_ref, b, h_kv, kv_start + c, 1, dims.kv_len, dims.head_dim, ragged=True),
+                seen=lambda c: runtime.visible(spec, b, h0, q_start, tiles, kv_start + c, 1),
+                count=bk,
+            )
+        return kernel.accumulate(dq_i, ds, k_j, contained, unbounded=True)
 
-    dq_i = jnp.zeros((bq, dims.head_dim_p), jnp.float32)
-    for span in spec.kv_spans(t, bq, bk):
+    dq_i = jnp.zeros((tiles.block_q, dims.head_dim_p), jnp.float32)
+    for span in runtime.spans(spec, b, h0, t, False, n, bk):
         dq_i = lax.fori_loop(span.start, span.stop, functools.partial(body, span.masked), dq_i)
-    pk.store_tile(dq_ref, b, h, q_start, dq_i, dims.q_len, dims.head_dim)
+    pk.store_rows(dq_ref, b, h0, q_start, dq_i, tiles, dims.q_len, dims.head_dim)
 
 
 def _backward(inputs: Inputs, out, lse, dout, dlse, config: Config):
     """Algorithm 2 as a dK/dV kernel and a dQ kernel; returns ``(dq, dk, dv)``."""
     tuning = _tuning(inputs, config)
-    # Line 4: D_i = rowsum(dO_i ∘ O_i), minus the lse cotangent; lse in base 2.
-    delta = jnp.swapaxes(jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), axis=-1), 1, 2) - dlse
+    spec = config.mask
+    # Line 4: D_i = rowsum(dO_i ∘ O_i), minus the lse cotangent; lse in base 2. The dK/dV
+    # kernel reads them per head ([b, h, t]), the dQ kernel per packed tile ([b, t, h]).
+    delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), axis=-1) - jnp.swapaxes(dlse, 1, 2)
     lse2 = sm.lse_base2(lse)
-    operands = [inputs.q, inputs.k, inputs.v, dout, lse2, delta, *pk.runtime_inputs(inputs)]
+    heads_first = [lse2, jnp.swapaxes(delta, 1, 2)]
+    positions_first = [jnp.swapaxes(lse2, 1, 2), delta]
+    runtime = pk.runtime_inputs(inputs)
 
-    kdkv = pk.Kernel.create(inputs, config, tuning.dkdv, _WIDEST)
-    dims = kdkv.dims
+    kdkv = pk.Kernel.create(inputs, config, tuning.dkdv, _DKDV)
+    dims, tiles = kdkv.dims, kdkv.tiles
+    splits = _group_splits(dims, tiles)
+    # With several shares, each writes its float32 part of dK, dV; XLA sums them in a
+    # fixed order (deterministic, no atomics).
+    parts = [
+        jax.ShapeDtypeStruct(
+            (dims.batch, dims.kv_len, dims.num_kv_heads * splits, x.shape[-1]), x.dtype if splits == 1 else jnp.float32
+        )
+        for x in (inputs.k, inputs.v)
+    ]
     dk, dv = pk.launch(
-        functools.partial(_dkdv_kernel, kernel=kdkv),
-        num_programs=kdkv.tiles.num_kv_tiles(dims) * dims.batch * dims.num_kv_heads,
-        inputs=operands,
-        outputs=[
-            jax.ShapeDtypeStruct(inputs.k.shape, inputs.k.dtype),
-            jax.ShapeDtypeStruct(inputs.v.shape, inputs.v.dtype),
+        functools.partial(_dkdv_kernel, splits=splits),
+        kdkv,
+        num_programs=tiles.num_kv_tiles(dims) * dims.batch * dims.num_kv_heads * splits,
+        inputs=[
+            inputs.q,
+            inputs.k,
+            inputs.v,
+            dout,
+            *heads_first,
+            *runtime,
+            *pk.tile_bounds(inputs, spec, tiles.block_q, tiles.block_k, transposed=True),
         ],
-        tuning=tuning.dkdv,
-        config=config,
+        outputs=parts,
         name="jaxtile_fa2_dkdv",
     )
-    kdq = pk.Kernel.create(inputs, config, tuning.dq, _WIDEST)
+    if splits > 1:
+        dk, dv = (
+            jnp.sum(x.reshape(*x.shape[:2], dims.num_kv_heads, splits, x.shape[-1]), axis=3).astype(like.dtype)
+            for x, like in ((dk, inputs.k), (dv, inputs.v))
+        )
+    kdq = pk.Kernel.create(inputs, config, tuning.dq, _DQ, packable=_packable(inputs))
+    tiles = kdq.tiles
     (dq,) = pk.launch(
-        functools.partial(_dq_kernel, kernel=kdq),
-        num_programs=kdq.tiles.num_q_tiles(dims) * dims.batch * dims.num_heads,
-        inputs=operands,
+        _dq_kernel,
+        kdq,
+        num_programs=tiles.num_q_tiles(dims) * dims.batch * (dims.num_heads // tiles.pack),
+        inputs=[
+            inputs.q,
+            inputs.k,
+            inputs.v,
+            dout,
+            *positions_first,
+            *runtime,
+            *pk.tile_bounds(inputs, spec, tiles.positions, tiles.block_k, transposed=False),
+        ],
         outputs=[jax.ShapeDtypeStruct(inputs.q.shape, inputs.q.dtype)],
-        tuning=tuning.dq,
-        config=config,
         name="jaxtile_fa2_dq",
     )
     return dq, dk, dv

@@ -47,6 +47,7 @@ def _forward(inputs: Inputs, config: Config):
     # Lines 3-4: Q, O, l, m are divided into row tiles by `lt.rows`; K, V likewise.
     x = lt.tile(inputs, tiling)
     batch, kv_heads, group, q_padded, _ = x.q.shape
+    bounds = lt.tile_bounds(inputs, spec, tiling, transposed=True)
     rows = (batch, kv_heads, group, q_padded)
 
     def q_step(masked, u, k_j, v_j, t, carry):
@@ -60,7 +61,7 @@ def _forward(inputs: Inputs, config: Config):
         vis = lt.visible(spec, x, tiling, t, u) if masked else None
         # Line 10: m~_ij = rowmax(S_ij), P~_ij = exp(S_ij - m~_ij), l~_ij = rowsum(P~_ij).
         p, m_ij, l_ij = sm.tile_softmax(pre, logits, vis)
-        pv = sm.masked_dot(lt.over_keys, p.astype(v_j.dtype), v_j, vis)
+        pv = sm.masked_tile_dot(lt.over_keys, p.astype(v_j.dtype), v_j, vis)
         # Lines 11-12: m_new, l_new; O_i <- diag(l_new)^-1 (diag(l_i) e^(m_i - m_new) O_i + e^(m~_ij - m_new) P~_ij V_j).
         o_i, m_i, l_i = sm.rescaled_update(o_i, m_i, l_i, pv, m_ij, l_ij)
         # Lines 12-13: write O_i, l_i, m_i back.
@@ -74,7 +75,7 @@ def _forward(inputs: Inputs, config: Config):
         k_j = lt.rows(x.k, u, bk, 2)
         v_j = lt.rows(x.v, u, bk, 2)
         # Line 7: the query tiles that can see this key tile.
-        for span in spec.q_spans(u, bq, bk):
+        for span in spec.q_spans(u, bq, bk, lt.bounds_of(bounds, u)):
             carry = lax.fori_loop(span.start, span.stop, functools.partial(q_step, span.masked, u, k_j, v_j), carry)
         return carry, None
 
@@ -102,6 +103,7 @@ def _backward(inputs: Inputs, out, stats, dout, dlse, config: Config):
     # Lines 3-4: Q, O, dO, l, m are divided into row tiles; K, V into column tiles.
     x = lt.tile(inputs, tiling)
     kv_heads = x.k.shape[1]
+    bounds = lt.tile_bounds(inputs, spec, tiling, transposed=True)
     m, inv_l = sm.stats_base2(*stats)
     m = lt.q_seq_last(m, kv_heads, tiling.q_padded, jnp.inf)
     inv_l = lt.q_seq_last(inv_l, kv_heads, tiling.q_padded)
@@ -129,10 +131,10 @@ def _backward(inputs: Inputs, out, stats, dout, dlse, config: Config):
         # Line 20: dS_ij = P_ij ∘ (dP_ij - D_i), with τ (and a soft cap's derivative).
         ds = sm.score_grad(p, dp, d_i[..., None], pre, logits, vis)
         # Line 21: dQ_i += dS_ij K_j, written back.
-        dq_i = lt.rows(dq, t, bq, 3) + sm.masked_dot(lt.over_keys, ds, k_j, vis)
+        dq_i = lt.rows(dq, t, bq, 3) + sm.masked_tile_dot(lt.over_keys, ds, k_j, vis)
         dq = lax.dynamic_update_slice_in_dim(dq, dq_i, t * bq, 3)
         # Line 22: dK_j += dS_ijᵀ Q_i.
-        dk_j += sm.masked_dot(lt.over_queries, ds, q_i, vis)
+        dk_j += sm.masked_tile_dot(lt.over_queries, ds, q_i, vis)
         return dq, dk_j, dv_j
 
     def kv_step(dq, u):
@@ -141,7 +143,7 @@ def _backward(inputs: Inputs, out, stats, dout, dlse, config: Config):
         v_j = lt.rows(x.v, u, bk, 2)
         carry = (dq, jnp.zeros_like(k_j, jnp.float32), jnp.zeros_like(v_j, jnp.float32))
         # Line 9: the query tiles that can see this key tile.
-        for span in spec.q_spans(u, bq, bk):
+        for span in spec.q_spans(u, bq, bk, lt.bounds_of(bounds, u)):
             carry = lax.fori_loop(span.start, span.stop, functools.partial(q_step, span.masked, u, k_j, v_j), carry)
         # Line 24: write dK_j, dV_j (stacked by the scan).
         dq, dk_j, dv_j = carry

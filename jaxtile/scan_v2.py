@@ -31,6 +31,7 @@ def _forward(inputs: Inputs, config: Config):
     x = lt.tile(inputs, tiling)
     batch, kv_heads, group, _, _ = x.q.shape
     head_dim_v = x.v.shape[-1]
+    bounds = lt.tile_bounds(inputs, spec, tiling, transposed=False)
 
     def kv_step(masked, t, q_i, u, carry):
         # Lines 6-10: S_ij = Q_i K_jᵀ, online softmax, O_i = diag(α) O_i + P_ij V_j.
@@ -41,7 +42,7 @@ def _forward(inputs: Inputs, config: Config):
         pre = logits.pre(qk)
         vis = lt.visible(spec, x, tiling, t, u) if masked else None
         p, alpha, m_i, l_i = sm.online_softmax(pre, m_i, l_i, logits, vis)
-        pv = sm.masked_dot(lt.over_keys, p.astype(v_j.dtype), v_j, vis)
+        pv = sm.masked_tile_dot(lt.over_keys, p.astype(v_j.dtype), v_j, vis)
         return acc * alpha[..., None] + pv, m_i, l_i
 
     def q_step(_, t):
@@ -54,7 +55,7 @@ def _forward(inputs: Inputs, config: Config):
             jnp.zeros_like(q_i, jnp.float32, shape=rows),
         )
         # Line 6: the key tiles this query tile can see.
-        for span in spec.kv_spans(t, tiling.block_q, tiling.block_k):
+        for span in spec.kv_spans(t, tiling.block_q, tiling.block_k, lt.bounds_of(bounds, t)):
             body = functools.partial(kv_step, span.masked, t, q_i)
             carry = lax.fori_loop(span.start, span.stop, body, carry)
         # Lines 12-13: normalise once, at the end; lse = m + log l.
@@ -79,6 +80,7 @@ def _backward(inputs: Inputs, out, lse, dout, dlse, config: Config):
     bq, bk = tiling.block_q, tiling.block_k
     x = lt.tile(inputs, tiling)
     kv_heads = x.k.shape[1]
+    bounds = lt.tile_bounds(inputs, spec, tiling, transposed=True)
     # Line 4: D = rowsum(dO ∘ O); the lse cotangent enters the same place.
     delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
     delta = lt.q_seq_last(jnp.swapaxes(delta, 1, 2) - dlse, kv_heads, tiling.q_padded)
@@ -101,10 +103,10 @@ def _backward(inputs: Inputs, out, lse, dout, dlse, config: Config):
         dp = lt.scores(do_i, v_j)
         ds = sm.score_grad(p, dp, lt.rows(delta, t, bq, 3)[..., None], pre, logits, vis)
         # Line 15: dQ_i += dS_ij K_j, read and written back in place.
-        dq_i = lt.rows(dq, t, bq, 3) + sm.masked_dot(lt.over_keys, ds, k_j, vis)
+        dq_i = lt.rows(dq, t, bq, 3) + sm.masked_tile_dot(lt.over_keys, ds, k_j, vis)
         dq = lax.dynamic_update_slice_in_dim(dq, dq_i, t * bq, 3)
         # Line 16: dK_j += dS_ijᵀ Q_i.
-        dk_j += sm.masked_dot(lt.over_queries, ds, q_i, vis)
+        dk_j += sm.masked_tile_dot(lt.over_queries, ds, q_i, vis)
         return dq, dk_j, dv_j
 
     def kv_step(dq, u):
@@ -113,7 +115,7 @@ def _backward(inputs: Inputs, out, lse, dout, dlse, config: Config):
         v_j = lt.rows(x.v, u, bk, 2)
         carry = (dq, jnp.zeros_like(k_j, jnp.float32), jnp.zeros_like(v_j, jnp.float32))
         # Line 8: the query tiles that can see this key tile.
-        for span in spec.q_spans(u, bq, bk):
+        for span in spec.q_spans(u, bq, bk, lt.bounds_of(bounds, u)):
             carry = lax.fori_loop(span.start, span.stop, functools.partial(q_step, span.masked, u, k_j, v_j), carry)
         # Line 18: write dK_j, dV_j (stacked by the scan).
         dq, dk_j, dv_j = carry

@@ -20,6 +20,8 @@ from collections.abc import Callable, Hashable
 
 import jax.numpy as jnp
 
+from jaxtile.mask import MaskSpec
+
 AUTOTUNE = "autotune"
 
 
@@ -64,23 +66,39 @@ def _t(fwd: tuple[int, ...], dkdv: tuple[int, ...], dq: tuple[int, ...]) -> Tuni
     return Tuning(KernelTuning(*fwd), KernelTuning(*dkdv), KernelTuning(*dq))
 
 
-# (largest padded head dim, 16-bit inputs, causal) -> tuning. The 16-bit rows at head
-# dims 64 and 128 are the best geometric mean over seq 1024/4096/16384 of
-# `python -m bench.tune` on an H200 (bench/results/h200/tune.json); the head-dim-256 and
-# float32 rows are sized to fit shared memory, not tuned.
-_HOPPER: dict[tuple[int, bool, bool], Tuning] = {
-    (64, True, False): _t((128, 64, 8, 3), (64, 64, 4, 3), (64, 64, 4, 3)),
-    (64, True, True): _t((64, 64, 4, 3), (32, 128, 4, 3), (128, 32, 4, 3)),
-    (128, True, False): _t((128, 128, 8, 3), (64, 128, 8, 3), (128, 64, 8, 3)),
-    (128, True, True): _t((128, 64, 8, 3), (64, 64, 4, 2), (64, 64, 4, 2)),
-    (256, True, False): _t((64, 64, 4, 2), (32, 64, 4, 2), (64, 32, 4, 2)),
-    (256, True, True): _t((64, 64, 4, 2), (32, 64, 4, 2), (64, 32, 4, 2)),
-    (64, False, False): _t((64, 64, 4, 2), (32, 64, 4, 2), (64, 32, 4, 2)),
-    (64, False, True): _t((64, 64, 4, 2), (32, 64, 4, 2), (64, 32, 4, 2)),
-    (128, False, False): _t((64, 32, 4, 2), (32, 32, 4, 2), (32, 32, 4, 2)),
-    (128, False, True): _t((64, 32, 4, 2), (32, 32, 4, 2), (32, 32, 4, 2)),
-    (256, False, False): _t((32, 32, 4, 1), (16, 32, 4, 1), (32, 16, 4, 1)),
-    (256, False, True): _t((32, 32, 4, 1), (16, 32, 4, 1), (32, 16, 4, 1)),
+# The three shapes of mask the table tells apart (`mask_kind`).
+MASK_KINDS = ("full", "causal", "window")
+
+
+def mask_kind(spec: MaskSpec) -> str:
+    """``"window"`` when a left side bounds the keys, ``"causal"`` when only the right
+    does, else ``"full"``: windows mask a larger share of their tiles, which favours
+    smaller query tiles."""
+    if spec.left is not None:
+        return "window"
+    return "causal" if spec.right is not None else "full"
+
+
+_F32 = _t((64, 32, 4, 2), (32, 32, 4, 2), (32, 32, 4, 2))
+_F32_WIDE = _t((32, 32, 4, 1), (16, 32, 4, 1), (32, 16, 4, 1))
+_WIDE = _t((64, 32, 4, 3), (64, 64, 8, 2), (64, 64, 8, 2))
+
+# (largest padded head dim, 16-bit inputs, mask kind) -> tuning. The 16-bit rows are the
+# fastest of `python -m bench.tune` on an H200 at 4096 tokens (head dim 256: 8192; windows:
+# (1023, 0) at 16K), among candidates that `python -m bench.kernels` compiles without
+# spilling or spilling least (bench/results/h200/tune_*.json). The float32 rows are what
+# fits, not tuned. `pk.Tiles.fit` shrinks any entry to the shared memory of the GPU at hand.
+_HOPPER: dict[tuple[int, bool, str], Tuning] = {
+    (64, True, "full"): _t((64, 64, 4, 3), (64, 64, 4, 3), (64, 64, 4, 3)),
+    (64, True, "causal"): _t((128, 64, 8, 3), (64, 64, 4, 3), (64, 64, 4, 3)),
+    (64, True, "window"): _t((64, 64, 4, 3), (64, 64, 4, 3), (64, 64, 4, 3)),
+    (128, True, "full"): _t((128, 128, 8, 3), (64, 128, 8, 3), (128, 64, 8, 3)),
+    (128, True, "causal"): _t((128, 64, 8, 3), (64, 64, 4, 2), (64, 64, 4, 2)),
+    (128, True, "window"): _t((64, 64, 4, 3), (64, 64, 4, 2), (64, 64, 4, 2)),
+    **{(256, True, kind): _WIDE for kind in MASK_KINDS},
+    **{(64, False, kind): _t((64, 64, 4, 2), (32, 64, 4, 2), (64, 32, 4, 2)) for kind in MASK_KINDS},
+    **{(128, False, kind): _F32 for kind in MASK_KINDS},
+    **{(256, False, kind): _F32_WIDE for kind in MASK_KINDS},
 }
 
 
@@ -92,15 +110,15 @@ def _bucket(head_dim: int, dtype) -> tuple[int, bool]:
     raise ValueError(f"{head_dim=} is larger than the Pallas kernels support (256)")
 
 
-def default_tuning(head_dim: int, dtype, causal: bool) -> Tuning:
-    """The table's entry for the padded ``head_dim`` (the larger of q/k's and v's),
-    the dtype's width and whether the mask is causal (bounded on the right)."""
-    return _HOPPER[(*_bucket(head_dim, dtype), causal)]
+def default_tuning(head_dim: int, dtype, kind: str) -> Tuning:
+    """The table's entry for the padded ``head_dim`` (the larger of q/k's and v's), the
+    dtype's width and the mask's kind (`mask_kind`)."""
+    return _HOPPER[(*_bucket(head_dim, dtype), kind)]
 
 
-def candidates(head_dim: int, dtype, causal: bool) -> tuple[Tuning, ...]:
+def candidates(head_dim: int, dtype, kind: str) -> tuple[Tuning, ...]:
     """What ``"autotune"`` tries: the table's entry and its neighbours in tiles and depth."""
-    base = default_tuning(head_dim, dtype, causal)
+    base = default_tuning(head_dim, dtype, kind)
     out = [base]
     for fwd_blocks in ((128, 64), (64, 64), (128, 128)):
         for stages in (2, 3, 4):

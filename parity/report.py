@@ -12,6 +12,7 @@ from collections.abc import Iterable
 import jax
 import torch
 
+from bench.probe import git_state
 from parity.compare import Error
 from parity.run import QUANTITIES, Result
 
@@ -88,6 +89,7 @@ def environment(torch_device: str) -> dict:
         "jax_backend": jax.default_backend(),
         "jax_device": jax_device.device_kind,
         "torch_device": torch.cuda.get_device_name() if torch_device == "cuda" else platform.processor() or "cpu",
+        "git": git_state(),
     }
 
 

@@ -273,3 +273,49 @@ def test_runner_survives_oom_crash_and_hang(tmp_path, monkeypatch):
         ("ok", "ok"),
     ]
     assert "exited with code 3" in run.records[3]["error"]
+
+
+def test_check_compares_with_the_peer_against_committed_floors(monkeypatch):
+    """``python -m bench.check``'s verdicts: the ratio peer / jaxtile against the floor;
+    a missing jaxtile number fails; every committed floor names a case that exists."""
+    from bench import check
+
+    floors = json.loads(check.FLOORS.read_text())["floors"]
+    assert set(floors) == {shape.name for shape in check.SHAPES}
+    shapes = [check.Shape("slow", 1, 64, 2, 16, causal=True), check.Shape("broken", 1, 64, 2, 16)]
+    ms = {"jaxtile:slow": 2.0, "cudnn:slow": 1.0, "cudnn:broken": 1.0}
+    monkeypatch.setattr(check, "_jaxtile", lambda shape: f"jaxtile:{shape.name}")
+    monkeypatch.setattr(check, "_cudnn", lambda shape: f"cudnn:{shape.name}")
+    monkeypatch.setattr(check, "_tokamax", lambda shape: None)
+    monkeypatch.setattr(
+        check, "_timed", lambda attend, shape, mode, budget: {"ms": ms[attend]} if attend in ms else {"error": "boom"}
+    )
+    rows = check.run(shapes, ["fwd"], 0.1, {"slow": {"fwd": 0.4}, "broken": {"fwd": 0.4}})
+    assert [(r["ratio"], r["status"]) for r in rows] == [(0.5, "ok"), (None, "FAIL (no number)")]
+    rows = check.run(shapes[:1], ["fwd"], 0.1, {"slow": {"fwd": 0.6}})
+    assert rows[0]["status"] == "FAIL"
+
+
+def test_documents_count_as_separate_sequences():
+    from bench import check
+
+    packed = check.Shape("docs", 2, 1024, 4, 64, causal=True, documents=4)
+    separate = check.Shape("separate", 8, 256, 4, 64, causal=True)
+    assert packed.flops("fwdbwd") == separate.flops("fwdbwd")
+
+
+def test_ab_runs_each_version_from_its_own_directory(tmp_path):
+    """`bench.ab` lays out a git ref and a directory each with its own jaxtile and this
+    tree's harness; a process started there imports that jaxtile and says which."""
+    from bench import ab
+
+    head = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
+    for version, label in (("HEAD", "ref"), (str(ROOT), "dir")):
+        where = tmp_path / label
+        described = ab._materialise(version, where)
+        assert (where / "jaxtile" / "__init__.py").exists() and (where / "bench" / "check.py").exists()
+        probe = "import json; from bench.probe import git_state; print(json.dumps(git_state()))"
+        done = subprocess.run([sys.executable, "-c", probe], cwd=where, capture_output=True, text=True, check=True)
+        state = json.loads(done.stdout)
+        assert state["jaxtile_file"] == str(where / "jaxtile" / "__init__.py")
+        assert state["commit"] == (head.stdout.strip() if label == "ref" else None) == described["commit"]

@@ -26,6 +26,14 @@ GRID = (
     Case("gqa2", num_heads=4, num_kv_heads=2, q_len=48, block_q=B, block_k=B),
     Case("gqa4_causal", num_heads=8, num_kv_heads=2, q_len=48, causal=True, block_q=B, block_k=B),
     Case("mqa", num_heads=4, num_kv_heads=1, q_len=48, causal=True, block_q=B, block_k=B),
+    # Queries shorter than the tile: the kernels pack the query heads of a group into it.
+    Case("gqa4_packed_ragged", num_heads=8, num_kv_heads=2, q_len=30, kv_len=50, causal=True, block_q=128, block_k=B),
+    Case("mqa16_decode", num_heads=16, num_kv_heads=1, q_len=3, kv_len=70, causal=True, block_q=64, block_k=B),
+    Case("gqa6_packed_pairs", num_heads=12, num_kv_heads=2, q_len=20, kv_len=40, window=(9, 4), block_q=64, block_k=B),
+    Case("gqa8_segments", num_heads=8, num_kv_heads=1, q_len=14, segments=3, causal=True, block_q=64, block_k=B),
+    Case("gqa4_padding", num_heads=8, num_kv_heads=2, q_len=12, kv_len=45, mask="padding", block_q=64, block_k=B),
+    Case("gqa3_unpacked", num_heads=6, num_kv_heads=2, q_len=33, kv_len=47, causal=True, block_q=64, block_k=B),
+    Case("gqa2_mask_per_head", num_heads=4, num_kv_heads=2, q_len=40, mask="random", block_q=32, block_k=B),
     Case("segments", q_len=100, segments=4, block_q=B, block_k=32),
     Case("segments_causal", q_len=100, segments=3, causal=True, block_q=32, block_k=B),
     Case("segments_cross", q_len=40, kv_len=72, segments=3, block_q=B, block_k=B),
@@ -66,6 +74,7 @@ HALF_PRECISION = (
     "len127",
     "head_dim80_v48",
     "large_logits",
+    "gqa4_packed_ragged",
 )
 HALF = ("bfloat16", "float16")
 CASES = (

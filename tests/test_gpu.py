@@ -14,7 +14,9 @@ from jax.sharding import PartitionSpec as P
 
 import jaxtile
 from jaxtile import tuning
+from parity.case import Case
 from parity.compare import TOLERANCES, compare
+from parity.run import run_case
 
 pytestmark = pytest.mark.gpu
 
@@ -79,3 +81,36 @@ def test_autotune_times_once_and_stays_exact():
     expected = jaxtile.flash_attention(q, k, v, implementation="reference")
     error = compare(np.asarray(out, np.float32), np.asarray(expected, np.float32), TOLERANCES["bfloat16"])
     assert error.ok, error
+
+
+# What the shared-memory model admits, compiled for real: the smallest and largest head
+# dims and one that pads, every dtype, masks that add runtime tiles (a padding mask,
+# packed documents) or none, no GQA and a group of 16 (query heads packed per tile), at
+# the shape flash-attn's own test grid crashed an earlier kernel on (q_len 64 against 800
+# keys).
+EXTREMES = [
+    Case(
+        f"extreme_d{head_dim}_{dtype}_{mask}_g{group}",
+        batch=(2,),
+        q_len=64,
+        kv_len=800,
+        num_heads=group,
+        num_kv_heads=1,
+        head_dim=head_dim,
+        dtype=dtype,
+        causal=mask != "none",
+        mask="padding" if mask == "padding" else None,
+        segments=3 if mask == "segments" else 0,
+    )
+    for head_dim in (16, 80, 256)
+    for dtype in ("float32", "bfloat16", "float16")
+    for mask in ("none", "padding", "segments")
+    for group in (1, 16)
+]
+
+
+@pytest.mark.parametrize("case", EXTREMES, ids=lambda c: c.name)
+@pytest.mark.parametrize("implementation", ["pallas_v2", "pallas_v1"])
+def test_kernels_compile_and_are_exact_at_the_extremes(case, implementation):
+    result = run_case(case, implementation, device="cpu")
+    assert result.ok, result.describe()

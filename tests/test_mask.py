@@ -90,3 +90,88 @@ def test_bottom_right_alignment():
     np.testing.assert_array_equal(_visible(spec), [[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]])
     spec = MaskSpec.create(5, 2, causal=True)
     np.testing.assert_array_equal(_visible(spec)[:, 0], [0, 0, 0, 1, 1])
+
+
+def _runtime_visible(spec: MaskSpec, q_ids, kv_ids, dense) -> np.ndarray:
+    """Brute-force ``[batch, heads, q_len, kv_len]`` visibility with the runtime parts."""
+    return np.asarray(
+        spec.visible(
+            np.arange(spec.q_len)[:, None],
+            np.arange(spec.kv_len)[None, :],
+            q_segment=None if q_ids is None else q_ids[:, None, :, None],
+            kv_segment=None if kv_ids is None else kv_ids[:, None, None, :],
+            dense=dense,
+        )
+    )
+
+
+def _check_runtime_spans(spec: MaskSpec, vis: np.ndarray, bq: int, bk: int, runtime: dict) -> int:
+    """Both loop directions, with `MaskSpec.tile_bounds`, against brute force: every tile
+    holding a visible pair is visited (once), and a tile visited unmasked has every pair
+    visible and in bounds. Returns the number of tiles the forward loops visit."""
+    n_q, n_kv = -(-spec.q_len // bq), -(-spec.kv_len // bk)
+    kv_bounds = np.asarray(spec.tile_bounds(bq, bk, **runtime))
+    q_bounds = np.asarray(spec.tile_bounds(bq, bk, transposed=True, **runtime))
+    visited = 0
+    batch, heads = vis.shape[:2]
+    for b, h in itertools.product(range(batch), range(heads)):
+        kv_b = kv_bounds[min(b, kv_bounds.shape[0] - 1), min(h, kv_bounds.shape[1] - 1)]
+        q_b = q_bounds[min(b, q_bounds.shape[0] - 1), min(h, q_bounds.shape[1] - 1)]
+        forward = _pairs(lambda t: spec.kv_spans(t, bq, bk, kv_b[t]), n_q, n_kv, bq, bk)  # noqa: B023
+        backward = _pairs(lambda u: spec.q_spans(u, bq, bk, q_b[u]), n_kv, n_q, bk, bq)  # noqa: B023
+        backward = {(t, u): masked for (u, t), masked in backward.items()}
+        visited += len(forward)
+        for t, u in itertools.product(range(n_q), range(n_kv)):
+            tile = vis[b, h, t * bq : (t + 1) * bq, u * bk : (u + 1) * bk]
+            interior = tile.all() and (u + 1) * bk <= spec.kv_len
+            for pairs in (forward, backward):
+                if tile.any():
+                    assert (t, u) in pairs, f"visible tile ({t}, {u}) of batch {b}, head {h} skipped"
+                if (t, u) in pairs and not pairs[(t, u)]:
+                    assert interior, f"tile ({t}, {u}) of batch {b}, head {h} marked interior but needs the mask"
+    return visited
+
+
+def _packed_ids(rng, batch: int, length: int, docs: int, *, shuffled: bool) -> np.ndarray:
+    ids = np.sort(rng.integers(0, docs, size=(batch, length)), axis=1).astype(np.int32)
+    return rng.permuted(ids, axis=1) if shuffled else ids
+
+
+@pytest.mark.parametrize("shuffled", [False, True], ids=["sorted", "unsorted"])
+@pytest.mark.parametrize("q_len,kv_len,causal,window,bq,bk", CONFIGS[::7])
+def test_segment_spans_cover_exactly_the_visible_tiles(q_len, kv_len, causal, window, bq, bk, shuffled):
+    rng = np.random.default_rng(q_len * 1000 + kv_len)
+    spec = MaskSpec.create(q_len, kv_len, causal=causal, window=window, has_segments=True)
+    q_ids = _packed_ids(rng, 3, q_len, 4, shuffled=shuffled)
+    kv_ids = q_ids if q_len == kv_len else _packed_ids(rng, 3, kv_len, 4, shuffled=shuffled)
+    vis = _runtime_visible(spec, q_ids, kv_ids, None)
+    _check_runtime_spans(spec, vis, bq, bk, dict(q_segment_ids=q_ids, kv_segment_ids=kv_ids))
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 1, 1), (2, 1, 1, 0), (1, 3, 0, 0), (2, 1, 0, 1)], ids=str)
+@pytest.mark.parametrize("q_len,kv_len,causal,window,bq,bk", CONFIGS[3::11])
+def test_dense_mask_spans_cover_exactly_the_visible_tiles(q_len, kv_len, causal, window, bq, bk, shape):
+    """``shape``: batch, heads, and whether q and kv are broadcast (1) or full (0)."""
+    rng = np.random.default_rng(q_len * 1000 + kv_len + 1)
+    batch, heads, one_q, one_kv = shape
+    spec = MaskSpec.create(q_len, kv_len, causal=causal, window=window, has_segments=True, has_dense_mask=True)
+    dims = (batch, heads, 1 if one_q else q_len, 1 if one_kv else kv_len)
+    # Blocks of True and False (padding-like), so that some tiles are whole and some empty.
+    dense = np.repeat(np.repeat(rng.random((*dims[:2], -(-dims[2] // 8), -(-dims[3] // 8))) < 0.6, 8, 2), 8, 3)
+    dense = dense[..., : dims[2], : dims[3]]
+    q_ids = _packed_ids(rng, batch, q_len, 2, shuffled=False)
+    kv_ids = q_ids if q_len == kv_len else _packed_ids(rng, batch, kv_len, 2, shuffled=False)
+    vis = np.broadcast_to(_runtime_visible(spec, q_ids, kv_ids, dense), (batch, heads, q_len, kv_len))
+    _check_runtime_spans(spec, vis, bq, bk, dict(q_segment_ids=q_ids, kv_segment_ids=kv_ids, dense=dense))
+
+
+def test_packed_documents_visit_only_their_own_tiles():
+    """Eight causal documents of 256 tokens packed in 2048 visit what eight separate
+    sequences do: the diagonal blocks' tiles, nothing between documents."""
+    n, docs, tile = 2048, 8, 64
+    ids = np.repeat(np.arange(docs, dtype=np.int32), n // docs)[None]
+    spec = MaskSpec.create(n, n, causal=True, has_segments=True)
+    vis = _runtime_visible(spec, ids, ids, None)
+    visited = _check_runtime_spans(spec, vis, tile, tile, dict(q_segment_ids=ids, kv_segment_ids=ids))
+    per_doc = n // docs // tile
+    assert visited == docs * per_doc * (per_doc + 1) // 2

@@ -1,0 +1,270 @@
+"""The performance guard: jaxtile against a peer, in one process, with committed floors.
+
+``python -m bench.check`` times jaxtile's default implementation and a peer on a fixed set
+of shapes — the standard grid's rows at 4K and 16K tokens, causal and not, head dims 64
+and 128; GQA, MQA, sliding windows, packed documents, head dim 256 — forward and
+forward+backward, in this one process on this one GPU, and prints the ratio
+``peer time / jaxtile time`` beside the floor committed in ``bench/floors.json``. It
+exits with status 1 if any ratio is below its floor, so that a slower kernel cannot land
+unnoticed. The peer is cuDNN (``jax.nn.dot_product_attention(implementation="cudnn")``)
+where it expresses the case; packed documents are held to the same documents run as
+separate sequences of a batch (the cost of the packing itself). tokamax's Mosaic GPU
+kernel, when importable, is timed too and reported, not gated.
+
+The results file records the jaxtile commit, whether the tree was dirty, and the
+``jaxtile.__file__`` that was imported, so a number always says what it measured::
+
+    python -m bench.check --out check.json          # on a GPU
+    python -m bench.check --only gqa mqa --modes fwd
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import math
+import sys
+import warnings
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+import jaxtile
+from bench import _worker
+from bench.probe import probe
+from bench.suites import Problem
+
+FLOORS = Path(__file__).with_name("floors.json")
+MODES = ("fwd", "fwdbwd")
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """One case: q ``[batch, seq, heads, head_dim]``, k and v with ``kv_heads``;
+    ``documents`` packs that many equal documents into each sequence (segment ids).
+    ``peer`` is what the ratio is taken against: ``"cudnn"``, ``"tokamax"`` (where
+    cuDNN cannot express the case), or ``"separate"`` (the documents as a batch)."""
+
+    name: str
+    batch: int
+    seq: int
+    heads: int
+    head_dim: int
+    kv_heads: int | None = None
+    causal: bool = False
+    window: tuple[int, int] | None = None
+    documents: int = 0
+    peer: str = "cudnn"
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.heads if self.kv_heads is None else self.kv_heads
+
+    def flops(self, mode: str) -> float:
+        """`bench.suites.Problem`'s count; packed documents count as that many separate
+        sequences (their visible pairs)."""
+        docs = max(self.documents, 1)
+        problem = Problem(
+            self.batch * docs,
+            self.seq // docs,
+            self.heads,
+            self.num_kv_heads,
+            self.head_dim,
+            self.causal,
+            self.window,
+            "bfloat16",
+        )
+        return problem.flops(mode)
+
+
+def _standard(seq: int, head_dim: int, causal: bool) -> Shape:
+    mask = "causal" if causal else "full"
+    return Shape(f"d{head_dim}_{seq // 1024}k_{mask}", 16384 // seq, seq, 2048 // head_dim, head_dim, causal=causal)
+
+
+SHAPES = (
+    *(_standard(seq, d, c) for d in (64, 128) for seq in (4096, 16384) for c in (False, True)),
+    Shape("gqa_32_8_causal_8k", 2, 8192, 32, 128, kv_heads=8, causal=True),
+    Shape("mqa_16_1_causal_8k", 2, 8192, 16, 128, kv_heads=1, causal=True),
+    Shape("window_1023_causal_16k", 1, 16384, 16, 128, causal=True, window=(1023, 0)),
+    Shape("window_4095_gqa_32k", 1, 32768, 32, 128, kv_heads=8, causal=True, window=(4095, 0)),
+    Shape("window_256_256_16k", 1, 16384, 16, 128, window=(256, 256), peer="tokamax"),
+    Shape("documents_8x2k_causal_16k", 1, 16384, 16, 128, causal=True, documents=8, peer="separate"),
+    Shape("d256_causal_8k", 2, 8192, 8, 256, causal=True),
+)
+
+
+def _segment_ids(shape: Shape):
+    doc = shape.seq // shape.documents
+    ids = jnp.repeat(jnp.arange(shape.documents, dtype=jnp.int32), doc)
+    return jnp.broadcast_to(ids, (shape.batch, shape.seq))
+
+
+def _jaxtile(shape: Shape):
+    options = dict(causal=shape.causal, window=shape.window)
+    if shape.documents:
+        ids = _segment_ids(shape)
+        return lambda q, k, v: jaxtile.flash_attention(q, k, v, segment_ids=ids, **options)
+    return lambda q, k, v: jaxtile.flash_attention(q, k, v, **options)
+
+
+def _separate_documents(shape: Shape):
+    """The packed documents as a batch of separate sequences (jaxtile, same kernels)."""
+    docs, doc = shape.documents, shape.seq // shape.documents
+
+    def split(x):
+        return x.reshape(x.shape[0] * docs, doc, *x.shape[2:])
+
+    def attend(q, k, v):
+        out = jaxtile.flash_attention(split(q), split(k), split(v), causal=shape.causal)
+        return out.reshape(q.shape[0], shape.seq, *out.shape[2:])
+
+    return attend
+
+
+def _cudnn(shape: Shape):
+    """cuDNN through ``jax.nn`` (not for packed documents, which it cannot express)."""
+    if shape.documents:
+        return None
+
+    def attend(q, k, v):
+        return jax.nn.dot_product_attention(
+            q, k, v, is_causal=shape.causal, local_window_size=shape.window, implementation="cudnn"
+        )
+
+    return attend
+
+
+def _tokamax(shape: Shape):
+    """tokamax's Mosaic GPU kernel (JAX's recommended GPU attention), if importable."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import tokamax
+    except Exception:  # not installed here: the column stays empty
+        return None
+    mask = None
+    if shape.documents:
+        ids = _segment_ids(shape)
+        mask = (ids[:, :, None] == ids[:, None, :])[:, None]
+
+    def attend(q, k, v):
+        return tokamax.dot_product_attention(
+            q, k, v, mask=mask, is_causal=shape.causal, local_window_size=shape.window, implementation="mosaic"
+        )
+
+    return attend
+
+
+def _inputs(shape: Shape, mode: str):
+    keys = jax.random.split(jax.random.key(shape.seq + shape.heads), 4)
+    q_shape = (shape.batch, shape.seq, shape.heads, shape.head_dim)
+    kv_shape = (shape.batch, shape.seq, shape.num_kv_heads, shape.head_dim)
+    shapes = [q_shape, kv_shape, kv_shape] + ([q_shape] if mode == "fwdbwd" else [])
+    return [jax.random.normal(key, s, jnp.bfloat16) for key, s in zip(keys, shapes)]
+
+
+def _timed(attend, shape: Shape, mode: str, budget_s: float) -> dict:
+    """Median milliseconds of ``attend`` (forward, or forward+backward under a random
+    cotangent), compiled once, after warm-up; or the error it raised."""
+    args = _inputs(shape, mode)
+    if mode == "fwd":
+        fn = attend
+    else:
+
+        def fn(q, k, v, dout):
+            out, vjp = jax.vjp(attend, q, k, v)
+            return out, *vjp(dout)
+
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*Triton.*", category=DeprecationWarning)
+            compiled = jax.jit(fn).lower(*args).compile()
+        timing = _worker.time_batches(lambda: compiled(*args), jax.block_until_ready, budget_s)
+    except Exception as exc:  # recorded, and a missing jaxtile number fails the check
+        return dict(error=_worker.failure(exc)["error"])
+    return dict(ms=timing.ms, ms_lo=timing.ms_lo, ms_hi=timing.ms_hi, tflops=shape.flops(mode) / timing.ms / 1e9)
+
+
+def run(shapes, modes, budget_s: float, floors: dict) -> list[dict]:
+    rows = []
+    for shape in shapes:
+        peers = {"cudnn": _cudnn(shape), "tokamax": _tokamax(shape)}
+        if shape.documents:
+            peers["separate"] = _separate_documents(shape)
+        peers = {name: attend for name, attend in peers.items() if attend is not None}
+        for mode in modes:
+            row = dict(case=shape.name, mode=mode, shape=dataclasses.asdict(shape), flops=shape.flops(mode))
+            row["jaxtile"] = _timed(_jaxtile(shape), shape, mode, budget_s)
+            for name, attend in peers.items():
+                row[name] = _timed(attend, shape, mode, budget_s)
+            row["peer"] = shape.peer
+            mine, theirs = row["jaxtile"].get("ms"), row.get(shape.peer, {}).get("ms")
+            row["ratio"] = theirs / mine if mine and theirs else None
+            row["floor"] = floors.get(shape.name, {}).get(mode)
+            if row["floor"] is None:
+                row["status"] = "no floor"
+            elif row["ratio"] is None:
+                row["status"] = "FAIL (no number)" if "error" in row["jaxtile"] else "no peer"
+            else:
+                row["status"] = "ok" if row["ratio"] >= row["floor"] else "FAIL"
+            rows.append(row)
+            print(_line(row), flush=True)
+    return rows
+
+
+def _ms(entry: dict | None) -> str:
+    if not entry:
+        return "-"
+    return f"{entry['ms']:.3f}" if "ms" in entry else "error"
+
+
+def _line(row: dict) -> str:
+    mine = row["jaxtile"]
+    tflops = f"{mine['tflops']:.0f}" if "tflops" in mine else mine.get("error", "")[:60]
+    ratio = "-" if row["ratio"] is None else f"{row['ratio']:.2f}"
+    floor = "-" if row["floor"] is None else f"{row['floor']:.2f}"
+    return (
+        f"{row['case']:<28} {row['mode']:<6} jaxtile {_ms(mine):>8} ms {tflops:>5} TFLOP/s | "
+        f"cudnn {_ms(row.get('cudnn')):>8} | tokamax {_ms(row.get('tokamax')):>8} | "
+        f"vs {row['peer']} {ratio:>5} (floor {floor})  {row['status']}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.check", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, help="write the rows and the environment as JSON")
+    parser.add_argument("--only", nargs="+", metavar="WORD", help="cases whose name contains one of these")
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--budget", type=float, default=0.5, metavar="S", help="seconds of timed calls per number")
+    parser.add_argument("--floors", type=Path, default=FLOORS)
+    args = parser.parse_args(argv)
+    if jax.default_backend() != "gpu":
+        parser.error("the performance check times GPU kernels; run it on an NVIDIA GPU")
+    shapes = [s for s in SHAPES if not args.only or any(word in s.name for word in args.only)]
+    floors = json.loads(args.floors.read_text())["floors"]
+    env = dict(probe(), date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
+    print(f"jaxtile {env['git']['commit']} (dirty: {env['git']['dirty']}) from {env['git']['jaxtile_file']}")
+    print(f"on {env['device']}, jax {jax.__version__}")
+    rows = run(shapes, args.modes, args.budget, floors)
+    failed = [r for r in rows if r["status"].startswith("FAIL")]
+    vs_cudnn = [
+        r["cudnn"]["ms"] / r["jaxtile"]["ms"] for r in rows if "ms" in r.get("cudnn", {}) and "ms" in r["jaxtile"]
+    ]
+    summary = dict(
+        rows=len(rows),
+        failed=len(failed),
+        geomean_vs_cudnn=math.exp(sum(map(math.log, vs_cudnn)) / len(vs_cudnn)) if vs_cudnn else None,
+    )
+    if args.out:
+        args.out.write_text(json.dumps(dict(environment=env, summary=summary, rows=rows), indent=1) + "\n")
+    geomean = summary["geomean_vs_cudnn"]
+    print(f"{len(rows) - len(failed)} of {len(rows)} at or above their floors; geomean vs cuDNN {geomean}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

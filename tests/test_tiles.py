@@ -1,0 +1,128 @@
+"""The Pallas kernels' tiles: what each kernel stages in shared memory, the tiles and stages
+`Tiles.fit` picks so that every supported call fits, and GQA packing of query heads."""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from jaxtile import _pallas as pk
+from jaxtile import pallas_v1, pallas_v2
+from jaxtile.tuning import MASK_KINDS, KernelTuning, default_tuning
+
+# (staging, whether its query tiles may pack heads), per kernel.
+KERNELS = {
+    "pallas_v2.forward": (pallas_v2._FORWARD, True),
+    "pallas_v2.dkdv": (pallas_v2._DKDV, False),
+    "pallas_v2.dq": (pallas_v2._DQ, True),
+    "pallas_v1.forward": (pallas_v1._FORWARD, False),
+    "pallas_v1.backward": (pallas_v1._BACKWARD, False),
+}
+LIMITS = {"sm90": 232448, "sm80": 166912, "sm89": 101376}
+HEAD_DIMS = (16, 40, 64, 80, 128, 160, 256)
+DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
+
+
+def _dims(q_len=4096, kv_len=4096, group=1, head_dim=128, head_dim_v=None):
+    return pk.Dims(2, q_len, kv_len, 2 * group, 2, head_dim, head_dim_v or head_dim)
+
+
+def _tunings(head_dim: int, dtype) -> list[KernelTuning]:
+    """The table's launch parameters for this head dim and dtype, and the largest any
+    candidate asks for (128-row tiles, 4 stages)."""
+    table = [default_tuning(pk.next_pow2(head_dim), dtype, kind) for kind in MASK_KINDS]
+    return [*{t for entry in table for t in (entry.forward, entry.dkdv, entry.dq)}, KernelTuning(128, 128, 8, 4)]
+
+
+@pytest.mark.parametrize("limit", LIMITS.values(), ids=LIMITS.keys())
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_every_kernel_fits_shared_memory(head_dim, dtype, limit):
+    """For every kernel, tuning, GQA group and sequence length, the fitted tiles are
+    powers of two >= 16 whose modelled shared memory is within the limit; packed tiles
+    hold whole positions of heads of one group. On Hopper everything fits; on GPUs with
+    less shared memory a kernel whose smallest tiles do not fit says so."""
+    lengths = ((1, 77), (64, 800), (4096, 4096), (300, 17))
+    for (name, (staging, packable)), tuning, group, (q_len, kv_len), head_dim_v in itertools.product(
+        KERNELS.items(), _tunings(head_dim, dtype), (1, 2, 6, 16), lengths, (head_dim, 16)
+    ):
+        dims = _dims(q_len, kv_len, group, head_dim, head_dim_v)
+        itemsize = jnp.dtype(dtype).itemsize
+        if staging.bytes(pk.MIN_BLOCK, pk.MIN_BLOCK, dims, itemsize, 1) > limit:
+            assert limit < LIMITS["sm90"], f"{name} cannot run {dims} on Hopper"
+            with pytest.raises(NotImplementedError, match="scan_v2"):
+                pk.Tiles.fit(tuning, dims, dtype, staging, limit, packable=packable)
+            continue
+        tiles = pk.Tiles.fit(tuning, dims, dtype, staging, limit, packable=packable)
+        where = f"{name} {tuning} {dims} -> {tiles}"
+        for block in (tiles.block_q, tiles.block_k):
+            assert block >= pk.MIN_BLOCK and block & (block - 1) == 0, where
+        assert staging.bytes(tiles.block_q, tiles.block_k, dims, itemsize, tiles.num_stages) <= limit, where
+        assert 1 <= tiles.num_stages <= tuning.num_stages, where
+        assert dims.group % tiles.pack == 0 and tiles.positions * tiles.pack == tiles.block_q, where
+        if not packable:
+            assert tiles.pack == 1, where
+
+
+@pytest.mark.parametrize(
+    "q_len,group,rows,expected",
+    [
+        (1, 16, 128, (16, 16, 1)),  # a decode step: one row per head of the group
+        (1, 32, 128, (32, 32, 1)),
+        (3, 8, 128, (32, 8, 4)),
+        (16, 16, 128, (128, 8, 16)),  # speculative decoding: 16 queries of 8 heads
+        (64, 4, 128, (128, 2, 64)),
+        (20, 6, 128, (64, 2, 32)),  # the power of two in a group of 6
+        (4096, 4, 128, (128, 1, 128)),  # prefill fills its tiles with one head
+        (20, 1, 128, (32, 1, 32)),
+        (5, 1, 64, (16, 1, 16)),
+    ],
+)
+def test_query_heads_of_a_group_share_a_tile(q_len, group, rows, expected):
+    """``(block_q, pack, positions)``: queries too short to fill a tile share it with
+    the other heads of their group."""
+    tiles = pk.Tiles.fit(
+        KernelTuning(rows, 64, 4, 2),
+        _dims(q_len, 4096, group),
+        jnp.bfloat16,
+        pallas_v2._FORWARD,
+        LIMITS["sm90"],
+        packable=True,
+    )
+    assert (tiles.block_q, tiles.pack, tiles.positions) == expected
+
+
+def test_fit_drops_stages_before_tiles():
+    dims = _dims(head_dim=128)
+    tiles = pk.Tiles.fit(KernelTuning(128, 128, 8, 4), dims, jnp.bfloat16, pallas_v2._FORWARD, LIMITS["sm90"])
+    assert (tiles.block_q, tiles.block_k, tiles.num_stages) == (128, 128, 3)
+    tiles = pk.Tiles.fit(KernelTuning(128, 128, 8, 4), dims, jnp.bfloat16, pallas_v2._FORWARD, LIMITS["sm89"])
+    assert (tiles.block_q, tiles.block_k, tiles.num_stages) == (128, 64, 2)
+
+
+def test_staging_counts_resident_and_pipelined_tiles():
+    """The forward kernel keeps Q and pipelines K and V: at 128x64 tiles, head dim 128,
+    bf16 and 3 stages that is 32 KiB + 3 x 32 KiB, what Triton 3.6 allocates for it
+    (``python -m bench.kernels``), plus the scratch margin."""
+    dims = _dims(head_dim=128)
+    assert pallas_v2._FORWARD.bytes(128, 64, dims, 2, 3) == 131072 + pk._SCRATCH
+
+
+@pytest.mark.parametrize("min_programs", [1, 1 << 30], ids=["whole_groups", "split_groups"])
+def test_dkdv_splits_a_group_over_programs_exactly(monkeypatch, min_programs):
+    """The dK/dV kernel sums a kv head's query heads in one program, or splits them over
+    programs and sums their float32 parts (MQA with few kv heads): both are exact."""
+    from parity.case import Case
+    from parity.run import run_case
+
+    monkeypatch.setattr(pallas_v2, "_MIN_PROGRAMS", min_programs)
+    jax.clear_caches()
+    case = Case("gqa4_dkdv", num_heads=8, num_kv_heads=2, q_len=40, causal=True, block_q=16, block_k=16)
+    try:
+        result = run_case(case, "pallas_v2")
+    finally:
+        jax.clear_caches()
+    assert result.ok, result.describe()
