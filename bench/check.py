@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import functools
 import json
 import math
 import sys
@@ -138,13 +139,19 @@ def _cudnn(shape: Shape):
     return attend
 
 
+@functools.cache
+def _tokamax_missing(reason: str) -> None:
+    print(f"tokamax is not timed: {reason}", file=sys.stderr)
+
+
 def _tokamax(shape: Shape):
     """tokamax's Mosaic GPU kernel (JAX's recommended GPU attention), if importable."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             import tokamax
-    except Exception:  # not installed here: the column stays empty
+    except Exception as exc:  # not installed here: the column stays empty, and says why
+        _tokamax_missing(f"{type(exc).__name__}: {exc}")
         return None
     mask = None
     if shape.documents:
