@@ -108,13 +108,17 @@ class Staging:
     Each entry is ``(rows, cols)`` with symbolic sizes: ``"q"`` (``block_q``), ``"k"``
     (``block_k``), ``"d"`` (padded head dim of q and k), ``"v"`` (padded head dim of v).
     ``copies``: sets of streamed buffers the compiler keeps (XLA's Triton gave loops
-    nested two deep, in FlashAttention-1's backward, a set each).
+    nested two deep, in FlashAttention-1's backward, a set each). ``split_float32``: in
+    float32, the three-pass TF32 products also keep a low part of the resident tiles and
+    of one stage of the streamed ones (XLA asked 256 KiB for FlashAttention-2's forward at
+    128×128 tiles, head dim 64, two stages, where these tiles alone are 160 KiB).
     """
 
     resident: tuple[tuple[str, str], ...]
     streamed: tuple[tuple[str, str], ...]
     staged: tuple[tuple[str, str], ...] = ()
     copies: int = 1
+    split_float32: bool = False
 
     def bytes(self, block_q: int, block_k: int, dims: Dims, itemsize: int, num_stages: int) -> int:
         """Modelled shared memory of one program: the tiles, plus `_SCRATCH` for the
@@ -125,7 +129,8 @@ class Staging:
             return sum(size[r] * size[c] for r, c in tiles) * itemsize
 
         streamed = self.copies * max(num_stages, 1) * total(self.streamed)
-        return total(self.resident) + streamed + total(self.staged) + _SCRATCH
+        split = total(self.resident) + total(self.streamed) if self.split_float32 and itemsize == 4 else 0
+        return total(self.resident) + streamed + split + total(self.staged) + _SCRATCH
 
 
 @dataclasses.dataclass(frozen=True)

@@ -79,9 +79,9 @@ def _measure(inputs: Inputs, config: Config, tuning: tn.Tuning) -> tuple[float, 
 # The dK/dV kernel splits a kv head's query heads over programs below this many programs.
 _MIN_PROGRAMS = 1024
 # What each kernel keeps in shared memory (`pk.Staging`), for `pk.Tiles.fit`.
-_FORWARD = pk.Staging(resident=(("q", "d"),), streamed=(("k", "d"), ("k", "v")))
-_DKDV = pk.Staging(resident=(("k", "d"), ("k", "v")), streamed=(("q", "d"), ("q", "v")))
-_DQ = pk.Staging(resident=(("q", "d"), ("q", "v")), streamed=(("k", "d"), ("k", "v")))
+_FORWARD = pk.Staging(resident=(("q", "d"),), streamed=(("k", "d"), ("k", "v")), split_float32=True)
+_DKDV = pk.Staging(resident=(("k", "d"), ("k", "v")), streamed=(("q", "d"), ("q", "v")), split_float32=True)
+_DQ = pk.Staging(resident=(("q", "d"), ("q", "v")), streamed=(("k", "d"), ("k", "v")), split_float32=True)
 
 
 def _packable(inputs: Inputs) -> bool:

@@ -103,6 +103,16 @@ def test_fit_drops_stages_before_tiles():
     assert (tiles.block_q, tiles.block_k, tiles.num_stages) == (128, 64, 2)
 
 
+def test_float32_tiles_leave_room_for_the_low_parts():
+    """The parity case that asked XLA for 256 KiB (float32, head dim 64, 128x128 tiles,
+    two stages) is fitted to tiles the model puts within Hopper's shared memory."""
+    dims = _dims(1021, 1021, head_dim=64)
+    assert pallas_v2._FORWARD.bytes(128, 128, dims, 4, 2) >= 262144
+    tiles = pk.Tiles.fit(KernelTuning(128, 128, 4, 2), dims, jnp.float32, pallas_v2._FORWARD, LIMITS["sm90"])
+    assert pallas_v2._FORWARD.bytes(tiles.block_q, tiles.block_k, dims, 4, tiles.num_stages) <= LIMITS["sm90"]
+    assert tiles.block_q * tiles.block_k < 128 * 128
+
+
 def test_staging_counts_resident_and_pipelined_tiles():
     """The forward kernel keeps Q and pipelines K and V: at 128x64 tiles, head dim 128,
     bf16 and 3 stages that is 32 KiB + 3 x 32 KiB, what Triton 3.6 allocates for it
