@@ -241,6 +241,39 @@ def _line(row: dict) -> str:
     )
 
 
+def render(results: dict) -> str:
+    """The Markdown table of a check's results (``python -m bench.check --report``)."""
+    env, git = results["environment"], results["environment"]["git"]
+    state = "with uncommitted changes" if git.get("dirty") else "clean tree"
+    lines = [
+        f"Measured on **{env['device']}** on {env['date'][:10]} with `python -m bench.check`, jaxtile at commit "
+        f"`{(git.get('commit') or 'unrecorded')[:12]}` ({state}), jax {env['versions']['jax']}. "
+        "`ratio`: the peer's time over jaxtile's (above 1: jaxtile is faster); the check fails below `floor`.",
+        "",
+        "| case | mode | jaxtile ms | TFLOP/s | cuDNN ms | tokamax ms | peer | ratio | floor |",
+        "| --- | --- | --: | --: | --: | --: | --- | --: | --: |",
+    ]
+
+    def ms(entry):
+        return f"{entry['ms']:.3g}" if entry and "ms" in entry else ("error" if entry else "—")
+
+    for r in results["rows"]:
+        mine = r["jaxtile"]
+        tflops = f"{mine['tflops']:.0f}" if "tflops" in mine else "—"
+        ratio = "—" if r["ratio"] is None else f"{r['ratio']:.2f}"
+        floor = "—" if r["floor"] is None else f"{r['floor']:.2f}"
+        lines.append(
+            f"| {r['case']} | {r['mode']} | {ms(mine)} | {tflops} | {ms(r.get('cudnn'))} | {ms(r.get('tokamax'))} "
+            f"| {r['peer']} | {ratio} | {floor} |"
+        )
+    summary = results["summary"]
+    lines += [
+        "",
+        f"Geometric mean over the rows with a cuDNN number: {summary['geomean_vs_cudnn']:.2f}× cuDNN's speed.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.check", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="write the rows and the environment as JSON")
@@ -248,7 +281,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--budget", type=float, default=0.5, metavar="S", help="seconds of timed calls per number")
     parser.add_argument("--floors", type=Path, default=FLOORS)
+    parser.add_argument("--report", type=Path, metavar="JSON", help="print a results file as the README's table")
     args = parser.parse_args(argv)
+    if args.report:
+        print(render(json.loads(args.report.read_text())), end="")
+        return 0
     if jax.default_backend() != "gpu":
         parser.error("the performance check times GPU kernels; run it on an NVIDIA GPU")
     shapes = [s for s in SHAPES if not args.only or any(word in s.name for word in args.only)]

@@ -153,6 +153,14 @@ def _suite_title(suite: dict) -> str:
     return f"{suite['name']} suite: " + ", ".join(parts)
 
 
+def _measured_code(git: dict | None) -> str:
+    """What the numbers measured: the jaxtile commit, and whether its tree was dirty."""
+    if not git or not git.get("commit"):
+        return "The jaxtile commit measured was not recorded."
+    state = "with uncommitted changes" if git.get("dirty") else "clean tree"
+    return f"jaxtile at commit `{git['commit'][:12]}` ({state})."
+
+
 def render(results: dict, baselines: tuple[str, ...] = BASELINES, focus: str | None = None) -> str:
     """The Markdown section; with ``focus``, also one row per shape for that
     implementation against the baselines."""
@@ -161,6 +169,7 @@ def render(results: dict, baselines: tuple[str, ...] = BASELINES, focus: str | N
     versions = ", ".join(f"{k} {v}" for k, v in env["versions"].items() if k != "jax_platform")
     lines = [
         f"Measured on **{env['device']}** on {results['date'][:10]} with `{results['command']}` ({versions}).",
+        _measured_code(env.get("git")),
         "",
         "FLOPs: " + results["conventions"]["flops"],
         "`vs X` is speed relative to X on the same shape (X's time / this time; above 1 is faster);",

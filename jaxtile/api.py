@@ -95,10 +95,9 @@ def flash_attention(
       scale: multiplies ``q kᵀ``; default ``1 / sqrt(head_dim)``.
       implementation: ``"reference"``, ``"scan_v1"``, ``"scan_v2"``, ``"pallas_v1"``,
         ``"pallas_v2"``, or None for the fastest on the arrays' platform.
-      block_q, block_k: tile sizes; None picks a default for the shape and device. The
-        Pallas kernels need powers of two >= 16 and cap them to what fits in shared
-        memory (pallas_v2: 128 for 16-bit inputs, 64 for float32; pallas_v1: 64 and 32;
-        halved above head dim 128).
+      block_q, block_k: tile sizes; None picks a default for the shape, mask and device.
+        The Pallas kernels need powers of two >= 16 and shrink them (and their pipeline
+        depth) until what they keep in shared memory fits the GPU's.
       return_lse: also return the log-sum-exp of each row.
       tuning: launch parameters of the Pallas kernels: None (a table measured on
         Hopper), a `jaxtile.tuning.Tuning`, or ``"autotune"`` (time candidates once per

@@ -20,6 +20,17 @@ def test_readme_performance_tables_are_generated_from_the_results():
     )
 
 
+def test_readme_check_table_is_generated_from_the_results():
+    from bench import check
+
+    results = json.loads((ROOT / "bench/results/h200/check.json").read_text())
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("<!-- check:begin -->\n")[1].split("<!-- check:end -->")[0]
+    assert section == check.render(results), (
+        "regenerate with: python -m bench.check --report bench/results/h200/check.json"
+    )
+
+
 def test_readme_parity_summary_matches_the_committed_report():
     quick = json.loads((ROOT / "parity/results/cpu/quick.json").read_text())
     readme = (ROOT / "README.md").read_text()
