@@ -1,6 +1,7 @@
 """The implementations the benchmark can time, and what each of them supports.
 
-jaxtile's implementations go by their own names (``"pallas_v2"``, ...); peers by
+jaxtile's implementations go by their registered names (``"pallas_v2"``, ...) and say
+what they support in their records (`jaxtile.registry`); peers go by
 ``framework.backend``. What an implementation cannot run is decided here, before any
 worker starts, so that an unsupported combination is recorded with its reason instead of
 failing on the GPU. ``env`` is what `bench.probe` reports about the machine.
@@ -9,7 +10,8 @@ failing on the GPU. ``env`` is what `bench.probe` reports about the machine.
 from __future__ import annotations
 
 from bench.suites import Problem
-from jaxtile.api import IMPLEMENTATIONS
+from jaxtile import registry
+from jaxtile._core import Shape
 
 # Peers, in display order, with the framework whose worker runs them.
 PEERS = {
@@ -25,7 +27,10 @@ PEERS = {
 _GPU_ONLY = ("jax.cudnn", "pallas.mha", "torch.cudnn", "torch.efficient")
 # JAX's Pallas mha tiles: 128 forward, 32 backward (its BlockSizes.get_default()).
 _MHA_BLOCKS = {"fwd": (128,), "fwdbwd": (128, 32)}
-ORDER = (*IMPLEMENTATIONS, *PEERS)
+# How soon the peers' workers run on a GPU, on the scale of `registry.Implementation.speed`
+# (if the deadline cuts a run short, what is lost is the slowest); "torch" is their group.
+_PEER_PRIORITY = {"jax.cudnn": 45, "torch": 44, "pallas.mha": 40, "jax.xla": 15}
+_MATERIALISING_PEERS = ("jax.xla", "torch.math")
 
 
 def framework(name: str) -> str:
@@ -34,8 +39,24 @@ def framework(name: str) -> str:
 
 
 def order(names) -> list[str]:
-    """Display order: jaxtile's implementations, then the peers."""
-    return sorted(set(names), key=lambda n: (ORDER.index(n) if n in ORDER else len(ORDER), n))
+    """Display order: jaxtile's implementations (fastest first), then the peers."""
+    ranks = (*registry.names(), *PEERS)
+    return sorted(set(names), key=lambda n: (ranks.index(n) if n in ranks else len(ranks), n))
+
+
+def priority(name: str) -> float:
+    """How soon a worker group runs on a GPU (higher first): a jaxtile implementation's
+    speed, a peer's place on the same scale."""
+    if name in registry.names():
+        return registry.get(name).speed
+    return _PEER_PRIORITY.get(name, -1)
+
+
+def materialising(name: str) -> bool:
+    """Whether it forms ``[batch, heads, seq, seq]`` scores (O(N²) memory)."""
+    if name in registry.names():
+        return not registry.get(name).tiled
+    return name in _MATERIALISING_PEERS
 
 
 def on_gpu(env: dict) -> bool:
@@ -43,8 +64,8 @@ def on_gpu(env: dict) -> bool:
 
 
 def defaults(env: dict) -> list[str]:
-    """Every jaxtile implementation whose module imports, and every peer that runs here."""
-    names = [name for name, missing in env["jaxtile"].items() if missing is None]
+    """Every registered jaxtile implementation, and every peer that runs here."""
+    names = list(env["jaxtile"])
     if on_gpu(env):
         names += ["jax.xla"]
         if env["nvidia"]:
@@ -67,7 +88,15 @@ def known(name: str, env: dict) -> bool:
 def unsupported(name: str, problem: Problem, mode: str, env: dict) -> str | None:
     """Why ``name`` cannot run ``problem`` in ``mode`` here, or None if it can."""
     if name in env["jaxtile"]:
-        return env["jaxtile"][name] and f"module does not import: {env['jaxtile'][name]}"
+        features = {"causal"} if problem.causal else set()
+        if problem.window is not None:
+            features.add("window")
+        if problem.num_kv_heads != problem.num_heads:
+            features.add("gqa")
+        itemsize = 4 if problem.dtype == "float32" else 2
+        dims = (problem.batch, problem.seq_len, problem.seq_len, problem.num_heads, problem.num_kv_heads)
+        shape = Shape(*dims, problem.head_dim, problem.head_dim, itemsize)
+        return registry.get(name).can_run(shape, problem.dtype, frozenset(features), env["platform"])
     gpu = on_gpu(env)
     if framework(name) == "torch":
         if not env["torch"].get("version"):

@@ -50,7 +50,7 @@ def _pallas_mha():
 
 def attention(impl: str, p: Problem):
     """``attend(q, k, v) -> out`` with q ``[batch, seq, heads, head_dim]`` for ``impl``."""
-    if impl in jaxtile.IMPLEMENTATIONS:
+    if impl in jaxtile.registry.names():
         return functools.partial(jaxtile.flash_attention, causal=p.causal, window=p.window, implementation=impl)
     if impl in ("jax.xla", "jax.cudnn"):
         window = None

@@ -35,8 +35,8 @@ import jax
 import jax.numpy as jnp
 
 import jaxtile
-from jaxtile import tuning as tn
 from jaxtile.mask import MaskSpec
+from jaxtile.triton import tuning as tn
 
 
 @dataclasses.dataclass(frozen=True)

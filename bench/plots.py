@@ -28,13 +28,14 @@ from matplotlib.transforms import blended_transform_factory
 from bench import catalog
 from bench.suites import MODES
 from bench.table import gib, status_text
+from jaxtile import registry
 
 _COLOURS = {
     "pallas_v2": "#1f4e9c",
     "pallas_v1": "#4fa3e0",
     "scan_v2": "#2b8a3e",
     "scan_v1": "#8fd19e",
-    "reference": "#8c564b",
+    "reference": "#8c564b",  # registered implementations not named here are drawn black
     "jax.cudnn": "#d62728",
     "pallas.mha": "#9467bd",
     "jax.xla": "#f28e8e",
@@ -252,7 +253,19 @@ def _dashboard(results: dict, records: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-_LOOP_ORDERS = ("scan_v1", "scan_v2", "pallas_v1", "pallas_v2")
+def _loop_orders(records: list[dict]) -> list[dict]:
+    """The jaxtile implementations of FlashAttention-1 and -2 (outside the memory suite),
+    if both loop orders ran in one family."""
+    algorithms = {"FlashAttention-1", "FlashAttention-2"}
+    by_family: dict[str, set[str]] = {}
+    for name in {r["impl"] for r in records} & set(registry.names()):
+        implementation = registry.get(name)
+        if implementation.algorithm in algorithms:
+            by_family.setdefault(implementation.family, set()).add(implementation.algorithm)
+    if not any(found == algorithms for found in by_family.values()):
+        return []
+    chosen = {n for n in registry.names() if registry.get(n).algorithm in algorithms}
+    return [r for r in records if r["impl"] in chosen and r["suite"] != "memory"]
 
 
 def write(results: dict, save_dir: Path) -> list[Path]:
@@ -269,8 +282,8 @@ def write(results: dict, save_dir: Path) -> list[Path]:
     else:
         paths.remove(paths[2])
     _dashboard(results, records, paths[-1])
-    loop_orders = [r for r in records if r["impl"] in _LOOP_ORDERS and r["suite"] != "memory"]
-    if {r["impl"] for r in loop_orders} >= {"pallas_v1", "pallas_v2"}:
+    loop_orders = _loop_orders(records)
+    if loop_orders:
         paths.append(save_dir / "v1_vs_v2.png")
         _grid_figure(_panels(loop_orders), "tflops", headline, paths[-1])
     return paths

@@ -1,7 +1,7 @@
 """Describes the machine for `bench.runner`: ``python -m bench.probe`` prints one JSON object.
 
 Keys: ``platform`` (JAX's: ``"gpu"``, ``"cpu"``, ...), ``device`` (its name), ``nvidia``,
-``jaxtile`` (each implementation's name with None, or why its module does not import),
+``jaxtile`` (the registered implementations' names, `jaxtile.registry`),
 ``pallas_mha`` (None, or why JAX's bundled Pallas ``mha`` does not import), ``torch``
 (version, CUDA, device, cuDNN), ``versions`` (package versions, CUDA) and ``git`` (what
 `git_state` says of the jaxtile that was imported).
@@ -37,7 +37,7 @@ def _reason(exc: BaseException) -> str:
 def _jax(info: dict) -> None:
     import jax
 
-    from jaxtile import api
+    from jaxtile import registry
 
     device = jax.devices()[0]
     version = getattr(device.client, "platform_version", "") or ""
@@ -48,13 +48,7 @@ def _jax(info: dict) -> None:
         nvidia="cuda" in version.lower() or device.device_kind.lower().startswith("nvidia"),
     )
     info["versions"]["jax_platform"] = version
-    info["jaxtile"] = {}
-    for name in api.IMPLEMENTATIONS:
-        try:
-            api.get_implementation(name)
-            info["jaxtile"][name] = None
-        except Exception as exc:  # a module being written may fail in any way on import
-            info["jaxtile"][name] = _reason(exc)
+    info["jaxtile"] = list(registry.names())
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)

@@ -44,10 +44,6 @@ RESULT_FIELDS = (
     "compiled_bytes",
 )
 _ROOT = Path(__file__).resolve().parents[1]
-# On a GPU, the order the worker groups run in: if the deadline cuts the run short, what
-# is lost is the slow lax loops and the materialising reference, not the kernels.
-_PRIORITY = ("pallas_v2", "jax.cudnn", "torch", "pallas.mha", "pallas_v1", "jax.xla", "scan_v2", "scan_v1", "reference")
-_MATERIALISING = ("reference", "jax.xla", "torch.math")
 _STARTUP_S = 120.0  # importing a framework and initialising the device, before the first task
 _GRACE_S = 30.0  # a measurement begun before the deadline may run this much past it
 
@@ -81,7 +77,7 @@ class Task:
         q = p.batch * p.seq_len * p.num_heads * p.head_dim
         kv = p.batch * p.seq_len * p.num_kv_heads * p.head_dim
         arrays = (2 * q + 2 * kv) * (2 if self.mode == "fwdbwd" else 1)  # inputs and outputs
-        scores = p.batch * p.num_heads * p.seq_len**2 * 4 if self.impl in _MATERIALISING else 0
+        scores = p.batch * p.num_heads * p.seq_len**2 * 4 if catalog.materialising(self.impl) else 0
         return arrays * itemsize + scores * (2 if self.mode == "fwdbwd" else 1)
 
 
@@ -108,7 +104,8 @@ def _groups(tasks: list[Task], on_gpu: bool) -> list[tuple[str, list[Task]]]:
         fw = catalog.framework(task.impl)
         key = "torch" if fw == "torch" else (task.impl if on_gpu else "jax")
         by_key.setdefault(key, []).append(task)
-    keys = sorted(by_key, key=lambda k: _PRIORITY.index(k) if k in _PRIORITY else len(_PRIORITY))
+    # On a GPU the fastest first: if the deadline cuts the run short, the slow ones are lost.
+    keys = sorted(by_key, key=lambda k: -catalog.priority(k))
     groups = []
     for key in keys:
         ordered = sorted(by_key[key], key=lambda t: (t.size(), MODES.index(t.mode), t.id))

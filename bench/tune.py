@@ -5,7 +5,7 @@ forward+backward under each backward candidate (the forward fixed at the table's
 writes every number to JSON; with ``--peers`` it times cuDNN too, in the same process.
 The candidates are the ones `python -m bench.kernels --sweep` compiles without
 spilling registers (or spilling least), so the GPU's minutes go to configurations that
-can win. The winners become `jaxtile.tuning`'s table. Usage::
+can win. The winners become `jaxtile.triton.tuning`'s table. Usage::
 
     PYTHONPATH=. python -m bench.tune --out tune.json [--head-dims 64 128] [--seq-lens 4096] [--peers]
 """
@@ -26,7 +26,7 @@ import jaxtile
 from bench.check import Shape
 from bench.probe import git_state
 from jaxtile.mask import MaskSpec
-from jaxtile.tuning import KernelTuning, Tuning, default_tuning, mask_kind
+from jaxtile.triton.tuning import KernelTuning, Tuning, default_tuning, mask_kind
 
 # head_dim -> candidates (block_q, block_k, num_warps, num_stages)
 FORWARD = {

@@ -1,8 +1,11 @@
 """jaxtile: exact, memory-efficient attention (FlashAttention V1 and V2) for JAX."""
 
-from jaxtile.api import IMPLEMENTATIONS, flash_attention
+from jaxtile import reference, registry, scan, triton  # importing an implementation registers it
+from jaxtile.api import flash_attention
+from jaxtile.distributed.ring import ring_attention
 from jaxtile.mask import MaskSpec
-from jaxtile.ring import ring_attention
 
-__all__ = ["IMPLEMENTATIONS", "MaskSpec", "flash_attention", "ring_attention"]
+registry._import_listed()
+
+__all__ = ["MaskSpec", "flash_attention", "reference", "registry", "ring_attention", "scan", "triton"]
 __version__ = "0.1.0"

@@ -1,19 +1,22 @@
 """What every implementation receives, and how its backward pass is attached.
 
 The public API validates and canonicalises the user's arguments into `Inputs` (arrays)
-and `Config` (static, hashable). An implementation is a ``forward`` and a recomputing
-``backward`` over those; `differentiable` joins them into one ``jax.custom_vjp`` that
-saves only the inputs, the output and the softmax statistics.
+and `Config` (static, hashable); `Shape` is the sizes of a call. An implementation is a
+``forward`` and a recomputing ``backward`` over those (`jaxtile.registry`); the API
+joins them with `differentiable` into one ``jax.custom_vjp`` that saves only the inputs,
+the output and the softmax statistics.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 
 from jaxtile._softmax import Logits
 from jaxtile.mask import MaskSpec
@@ -38,14 +41,54 @@ class Inputs(NamedTuple):
     mask: jax.Array | None = None
 
 
+# ``tuning="autotune"``: an implementation times its own candidates once per shape.
+AUTOTUNE = "autotune"
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """The sizes of one call: q ``[batch, q_len, num_heads, head_dim]``, k and v
+    ``[batch, kv_len, num_kv_heads, head_dim|head_dim_v]`` (leading batch dimensions
+    flattened into ``batch``), ``itemsize`` bytes per element."""
+
+    batch: int
+    q_len: int
+    kv_len: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    head_dim_v: int
+    itemsize: int
+
+    @classmethod
+    def of(cls, query, key, value) -> Shape:
+        """From arrays (or anything with ``shape`` and ``dtype``) ``[batch..., len, heads, dim]``."""
+        *batch, q_len, num_heads, head_dim = query.shape
+        kv_len, num_kv_heads, head_dim_v = key.shape[-3], key.shape[-2], value.shape[-1]
+        itemsize = jnp.dtype(query.dtype).itemsize
+        return cls(math.prod(batch), q_len, kv_len, num_heads, num_kv_heads, head_dim, head_dim_v, itemsize)
+
+    @property
+    def group(self) -> int:
+        """Query heads per kv head."""
+        return self.num_heads // self.num_kv_heads
+
+    def q_bytes(self, dim: int, itemsize: int | None = None) -> int:
+        """Bytes of a ``[batch, q_len, num_heads, dim]`` array."""
+        return self.batch * self.q_len * self.num_heads * dim * (itemsize or self.itemsize)
+
+    def kv_bytes(self, dim: int, itemsize: int | None = None) -> int:
+        """Bytes of a ``[batch, kv_len, num_kv_heads, dim]`` array."""
+        return self.batch * self.kv_len * self.num_kv_heads * dim * (itemsize or self.itemsize)
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     """Static configuration of one attention call.
 
-    ``block_q``/``block_k`` of None let the implementation choose. ``tuning`` holds the
-    Pallas kernels' launch parameters (a `jaxtile.tuning.Tuning`, ``"autotune"``, or None
-    for the table). ``platform`` is where the arrays live (``"gpu"``, ``"cpu"``, ...);
-    Pallas kernels interpret elsewhere.
+    ``block_q``/``block_k`` of None let the implementation choose. ``tuning`` holds an
+    implementation's launch parameters (its record's tuning type, `AUTOTUNE`, or None for
+    its defaults). ``platform`` is where the arrays live (``"gpu"``, ``"cpu"``, ...).
     """
 
     mask: MaskSpec
@@ -54,6 +97,15 @@ class Config:
     block_k: int | None = None
     tuning: Any = None
     platform: str = "cpu"
+
+
+def group_heads(mask, num_kv_heads: int):
+    """A dense mask ``[1|batch, 1|num_heads, q, k]`` as ``[1|batch, 1|num_kv_heads,
+    1|group, q, k]``, to broadcast against grouped-query layouts."""
+    b, h, q, k = mask.shape
+    if h == 1:
+        return mask.reshape(b, 1, 1, q, k)
+    return mask.reshape(b, num_kv_heads, h // num_kv_heads, q, k)
 
 
 # forward(inputs, config) -> (out, lse, stats); stats is what backward needs besides out.

@@ -15,10 +15,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxtile._core import Config, Inputs
+from jaxtile._core import AUTOTUNE, Config, Inputs
 from jaxtile._softmax import Logits
 from jaxtile.mask import MaskSpec
-from jaxtile.tuning import AUTOTUNE, Tuning
 
 FLOAT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
@@ -171,11 +170,13 @@ def check_block(name: str, block, *, power_of_two: bool) -> None:
         raise ValueError(f"{name}={block} must be a power of two >= 16 for the Pallas kernels")
 
 
-def check_tuning(tuning) -> None:
-    """``tuning`` is None, ``"autotune"`` or a `jaxtile.tuning.Tuning`."""
-    if tuning is None or tuning == AUTOTUNE or isinstance(tuning, Tuning):
+def check_tuning(tuning, types: tuple[type, ...]) -> None:
+    """``tuning`` is None, ``"autotune"`` or an instance of one of ``types`` (the tuning
+    types of the registered implementations)."""
+    if tuning is None or tuning == AUTOTUNE or isinstance(tuning, types):
         return
-    raise TypeError(f"tuning must be None, {AUTOTUNE!r} or a jaxtile.tuning.Tuning; got {tuning!r}")
+    names = " or ".join(f"{t.__module__}.{t.__name__}" for t in types)
+    raise TypeError(f"tuning must be None, {AUTOTUNE!r} or a {names}; got {tuning!r}")
 
 
 def canonicalize(
@@ -192,6 +193,7 @@ def canonicalize(
     block_q,
     block_k,
     tuning,
+    tuning_types: tuple[type, ...],
     platform: str,
 ) -> tuple[Inputs, Config, tuple[int, ...]]:
     """Validates the public arguments; returns canonical inputs, config and batch shape."""
@@ -202,7 +204,7 @@ def canonicalize(
         ids = {"segment_ids": segment_ids}
     _check_devices({"query": query, "key": key, "value": value, "mask": mask, **ids})
     check_static("causal", causal, "bool")
-    check_tuning(tuning)
+    check_tuning(tuning, tuning_types)
     window = _check_window(window)
     batch = tuple(query.shape[:-3])
     q_len, num_heads, head_dim = query.shape[-3:]

@@ -211,3 +211,17 @@ def score_grad(p, dp, delta, pre, logits: Logits, visible=None):
     """
     ds = logits.grad(p * (dp - delta), pre)
     return ds if visible is None else jnp.where(visible, ds, 0.0)
+
+
+def merge(out_a, lse_a, out_b, lse_b):
+    """Two attentions of the same queries over disjoint sets of keys, as one over their
+    union: ``out [b, n, h, dv]`` (float32 result) weighted by ``exp(lse - lse_new)``,
+    ``lse [b, h, n]`` (natural log) combined by ``logaddexp``. A side that saw no key
+    (``lse = -inf``) contributes nothing; if neither did, the result is 0 and ``-inf``."""
+    lse = jnp.logaddexp(lse_a, lse_b)
+    base = jnp.where(lse == -jnp.inf, 0.0, lse)
+
+    def weight(l):
+        return jnp.swapaxes(jnp.exp(l - base), 1, 2)[..., None]
+
+    return out_a.astype(jnp.float32) * weight(lse_a) + out_b.astype(jnp.float32) * weight(lse_b), lse

@@ -1,18 +1,17 @@
-"""The public entry point, ``jaxtile.flash_attention``."""
+"""The public entry point, ``jaxtile.flash_attention``: validation, the choice of an
+implementation (`jaxtile.registry`), and the assembly of its passes into one
+differentiable, sharding-aware, jitted function."""
 
 from __future__ import annotations
 
 import functools
-import importlib
+from collections.abc import Callable
 
 import jax
 
-from jaxtile import _inputs, _sharding
-from jaxtile._core import Attention
-from jaxtile.tuning import Tuning
-
-IMPLEMENTATIONS = ("reference", "scan_v1", "scan_v2", "pallas_v1", "pallas_v2")
-_PALLAS = frozenset({"pallas_v1", "pallas_v2"})
+from jaxtile import _inputs, registry
+from jaxtile._core import Attention, Config, Inputs
+from jaxtile.distributed import _sharding
 
 
 def _platform(x) -> str:
@@ -22,39 +21,64 @@ def _platform(x) -> str:
     return jax.default_backend()
 
 
-def default_implementation(platform: str) -> str:
-    """The fastest correct implementation for arrays on ``platform``."""
-    return "pallas_v2" if platform == "gpu" else "scan_v2"
+# A requirement on the implementation: (predicate, what to say when it fails).
+Requirement = tuple[Callable[[registry.Implementation], bool], str]
 
 
-def get_implementation(name: str) -> Attention:
-    """The ``attention(inputs, config) -> (out, lse)`` function of an implementation."""
-    if name not in IMPLEMENTATIONS:
-        raise ValueError(f"unknown implementation={name!r}; choose one of {IMPLEMENTATIONS} or None")
-    return importlib.import_module(f"jaxtile.{name}").attention
-
-
-def prepare(query, key, value, *, implementation, return_lse, block_q, block_k, **options):
-    """Validates a call (before any compute); returns the implementation's name, the
-    canonical `Inputs` and `Config`, and the batch shape to restore. ``options`` are
-    `_inputs.canonicalize`'s mask, logit and tuning arguments."""
+def prepare(
+    query, key, value, *, implementation, return_lse, block_q, block_k, require: Requirement | None = None, **options
+):
+    """Validates a call (before any compute) and chooses its implementation; returns the
+    record, the canonical `Inputs` and `Config`, and the batch shape to restore.
+    ``options`` are `_inputs.canonicalize`'s mask, logit and tuning arguments."""
     platform = _platform(query)
-    name = default_implementation(platform) if implementation is None else implementation
-    get_implementation(name)
+    chosen = None if implementation is None else registry.get(implementation)
     for block_name, block in (("block_q", block_q), ("block_k", block_k)):
-        _inputs.check_block(block_name, block, power_of_two=name in _PALLAS)
+        _inputs.check_block(block_name, block, power_of_two=chosen is not None and chosen.power_of_two_blocks)
     _inputs.check_static("return_lse", return_lse, "bool")
+    tuning_types = tuple(i.tuning for i in registry.implementations() if i.tuning is not None)
     inputs, config, batch = _inputs.canonicalize(
-        query, key, value, block_q=block_q, block_k=block_k, platform=platform, **options
+        query, key, value, block_q=block_q, block_k=block_k, tuning_types=tuning_types, platform=platform, **options
     )
-    return name, inputs, config, batch
+    if chosen is None:
+        chosen = _choose(inputs, config, require)
+    elif require is not None and not require[0](chosen):
+        able = [i.name for i in registry.implementations() if require[0](i)]
+        raise registry.Unsupported(f"{require[1]}; {chosen.name!r} has none. Use one of {able}")
+    registry.check(chosen, inputs, config)
+    if chosen.power_of_two_blocks:  # blocks given with implementation=None, now known to need it
+        for block_name, block in (("block_q", block_q), ("block_k", block_k)):
+            _inputs.check_block(block_name, block, power_of_two=True)
+    return chosen, inputs, config, batch
+
+
+def _choose(inputs: Inputs, config: Config, require: Requirement | None) -> registry.Implementation:
+    """The fastest implementation for the call (meeting ``require``)."""
+    if require is None:
+        return registry.choose(inputs, config)
+    able = [i for i in registry.implementations() if require[0](i) and i.supports(inputs, config) is None]
+    native = [i for i in able if config.platform in i.platforms]
+    if not (native or able):
+        raise registry.Unsupported(f"{require[1]}, and none supports this call")
+    return (native or able)[0]
 
 
 @functools.cache
-def _compiled(name: str) -> Attention:
-    """``name``'s attention, batch/head-sharding aware and jitted with its static config,
-    so that calls outside ``jit`` compile once per shape and option set."""
-    return jax.jit(_sharding.partitioned(get_implementation(name)), static_argnums=1)
+def _compiled(implementation: registry.Implementation) -> Attention:
+    """``implementation``'s attention, jitted with its static config so that calls
+    outside ``jit`` compile once per shape and option set: its forward and recomputing
+    backward joined into one ``custom_vjp`` and run per batch/head shard
+    (`_sharding.partitioned`); an implementation without a backward pass is plain JAX,
+    differentiated and partitioned by JAX itself."""
+    if implementation.backward is None:
+
+        def attention(inputs: Inputs, config: Config):
+            out, lse, _ = implementation.forward(inputs, config)
+            return out, lse
+
+    else:
+        attention = _sharding.partitioned(implementation.forward, implementation.backward)
+    return jax.jit(attention, static_argnums=1)
 
 
 def flash_attention(
@@ -72,7 +96,7 @@ def flash_attention(
     block_q: int | None = None,
     block_k: int | None = None,
     return_lse: bool = False,
-    tuning: Tuning | str | None = None,
+    tuning: object | str | None = None,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Exact attention ``softmax(scale · q kᵀ) v``, computed tile by tile.
 
@@ -93,14 +117,15 @@ def flash_attention(
         combined (AND) with all of the above.
       logits_soft_cap: scores become ``cap * tanh(scores / cap)`` before masking.
       scale: multiplies ``q kᵀ``; default ``1 / sqrt(head_dim)``.
-      implementation: ``"reference"``, ``"scan_v1"``, ``"scan_v2"``, ``"pallas_v1"``,
-        ``"pallas_v2"``, or None for the fastest on the arrays' platform.
+      implementation: a registered name (`jaxtile.registry.names()`: ``"reference"``,
+        ``"scan_v1"``, ``"scan_v2"``, ``"pallas_v1"``, ``"pallas_v2"``), or None for the
+        fastest that supports the call on the arrays' platform.
       block_q, block_k: tile sizes; None picks a default for the shape, mask and device.
         The Pallas kernels need powers of two >= 16 and shrink them (and their pipeline
         depth) until what they keep in shared memory fits the GPU's.
       return_lse: also return the log-sum-exp of each row.
       tuning: launch parameters of the Pallas kernels: None (a table measured on
-        Hopper), a `jaxtile.tuning.Tuning`, or ``"autotune"`` (time candidates once per
+        Hopper), a `jaxtile.triton.Tuning`, or ``"autotune"`` (time candidates once per
         shape on the GPU and cache the fastest). Other implementations ignore it.
 
     Returns:
@@ -108,7 +133,7 @@ def flash_attention(
       ``return_lse`` also ``lse [batch..., num_heads, q_len]`` float32 (natural log).
       A query that sees no key gets output 0 and lse ``-inf``.
     """
-    name, inputs, config, batch = prepare(
+    chosen, inputs, config, batch = prepare(
         query,
         key,
         value,
@@ -124,7 +149,7 @@ def flash_attention(
         block_k=block_k,
         tuning=tuning,
     )
-    out, lse = _compiled(name)(inputs, config)
+    out, lse = _compiled(chosen)(inputs, config)
     out = out.reshape(*batch, *out.shape[1:])
     if not return_lse:
         return out

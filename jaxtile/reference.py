@@ -14,11 +14,13 @@ import jax
 import jax.numpy as jnp
 
 from jaxtile import _softmax as sm
-from jaxtile._core import Config, Inputs
+from jaxtile import registry
+from jaxtile._core import Config, Inputs, Shape, group_heads
 
 
-def attention(inputs: Inputs, config: Config) -> tuple[jax.Array, jax.Array]:
-    """Returns ``(out [batch, q_len, heads, head_dim_v], lse [batch, heads, q_len])``."""
+def _forward(inputs: Inputs, config: Config) -> tuple[jax.Array, jax.Array, None]:
+    """Returns ``(out [batch, q_len, heads, head_dim_v], lse [batch, heads, q_len], None)``:
+    no statistics, since JAX differentiates this function itself."""
     q, k, v = (x.astype(jnp.float32) for x in inputs[:3])
     batch, q_len, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[2]
@@ -31,7 +33,7 @@ def attention(inputs: Inputs, config: Config) -> tuple[jax.Array, jax.Array]:
         jnp.arange(spec.kv_len)[None, :],
         q_segment=None if inputs.q_segment_ids is None else inputs.q_segment_ids[:, None, None, :, None],
         kv_segment=None if inputs.kv_segment_ids is None else inputs.kv_segment_ids[:, None, None, None, :],
-        dense=_dense(inputs.mask, num_kv_heads, group),
+        dense=None if inputs.mask is None else group_heads(inputs.mask, num_kv_heads),
     )
     visible = jnp.broadcast_to(visible, (batch, num_kv_heads, group, q_len, spec.kv_len))
     # Keys no query sees (padding, an unfilled cache) must not reach any row via 0 · NaN.
@@ -50,17 +52,15 @@ def attention(inputs: Inputs, config: Config) -> tuple[jax.Array, jax.Array]:
     out = _weighted_values(p / jnp.where(empty, 1.0, l), v, visible)
     lse = jnp.where(empty, -jnp.inf, m + jnp.log(jnp.where(empty, 1.0, l)))[..., 0]
     out = out.reshape(batch, q_len, num_heads, v.shape[-1]).astype(inputs.q.dtype)
-    return out, lse.reshape(batch, num_heads, q_len)
+    return out, lse.reshape(batch, num_heads, q_len), None
 
 
-def _dense(mask, num_kv_heads, group):
-    """The dense mask ``[b, heads, q, k]`` shaped to broadcast against ``[b, h, g, q, k]``."""
-    if mask is None:
-        return None
-    b, h, q, k = mask.shape
-    if h == 1:
-        return mask[:, :, None]
-    return mask.reshape(b, num_kv_heads, group, q, k)
+def _memory(shape: Shape, block_q, block_k, backward: bool) -> tuple[int, int]:
+    """Residuals and temporaries, in float32 score matrices. Forward: the scores S and
+    the probabilities P. Backward: autodiff keeps P unnormalised and normalised, and
+    forms dP and dS."""
+    scores = shape.batch * shape.num_heads * shape.q_len * shape.kv_len * 4
+    return (2 * scores, 2 * scores) if backward else (0, 2 * scores)
 
 
 _pv = functools.partial(jnp.einsum, "bhgqk,bkhd->bqhgd", precision="highest")
@@ -78,3 +78,18 @@ def _weighted_values_jvp(primals, tangents):
     p, v, visible = primals
     dp, dv, _ = tangents
     return _weighted_values(p, v, visible), _pv(dp, v) + _pv(p, dv)
+
+
+IMPLEMENTATION = registry.register(
+    registry.Implementation(
+        name="reference",
+        summary="materialised softmax(QKᵀ)V, float32, JAX autodiff",
+        family="xla",
+        algorithm="materialised",
+        forward=_forward,
+        backward=None,
+        memory=_memory,
+        tiled=False,
+        speed=0,
+    )
+)

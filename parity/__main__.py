@@ -19,9 +19,10 @@ import time
 import torch
 from tqdm import tqdm
 
+from jaxtile import registry
 from parity.cases import CASE_SETS, select
 from parity.report import Report, Table, environment
-from parity.run import Result, available_implementations, implementation_name, resolve_implementation
+from parity.run import Result, implementation_name, resolve_implementation
 from parity.second_opinions import SECOND_OPINIONS
 from parity.suite import run_suite
 
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
-        implementations = [resolve_implementation(s) for s in args.impl] if args.impl else available_implementations()
+        implementations = [resolve_implementation(s) for s in args.impl] if args.impl else registry.names()
     except (ValueError, ImportError, AttributeError) as error:
         parser.error(f"--impl: {error}")
     index, count = args.shard

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 import jaxtile
-from jaxtile.api import IMPLEMENTATIONS, get_implementation
+from jaxtile import registry
 from parity import reference
 from parity.case import Case, make_inputs
 from parity.compare import Error, Tolerance, compare, finite, tolerance
@@ -30,26 +30,12 @@ def implementation_name(implementation: Implementation) -> str:
     return implementation if isinstance(implementation, str) else implementation.__name__
 
 
-def available_implementations() -> tuple[str, ...]:
-    """jaxtile's implementations whose module exists (the kernels are written one by one)."""
-    names = []
-    for name in IMPLEMENTATIONS:
-        try:
-            get_implementation(name)
-        except ModuleNotFoundError as error:
-            if error.name != f"jaxtile.{name}":
-                raise
-            continue
-        names.append(name)
-    return tuple(names)
-
-
 def resolve_implementation(spec: str) -> Implementation:
-    """``"scan_v2"`` -> the name (checked to import); ``"module:function"`` -> the function."""
+    """``"scan_v2"`` -> the name (checked to be registered); ``"module:function"`` -> the function."""
     if ":" in spec:
         module, _, attribute = spec.partition(":")
         return getattr(importlib.import_module(module), attribute)
-    get_implementation(spec)
+    registry.get(spec)
     return spec
 
 

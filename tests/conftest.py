@@ -1,41 +1,34 @@
-"""The implementations under test and what each one declares it can do.
+"""The implementations under test: every registered one, with the capabilities its
+record declares (`jaxtile.registry`).
 
 Every test that is about "an implementation" takes the ``impl`` fixture and runs once per
-entry of `IMPLEMENTATIONS`; capabilities decide which tests apply, never a copy of a test.
+registered implementation; capabilities decide which tests apply, never a copy of a
+test and never a name. An implementation registered outside jaxtile (a module listed in
+``JAXTILE_IMPLEMENTATIONS``) runs the same tests.
 """
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import pytest
 
+from jaxtile import registry
 
-@dataclasses.dataclass(frozen=True)
-class Implementation:
-    """An implementation and its declared capabilities.
-
-    tiled: O(N) memory and skips tiles the mask hides (all but the reference).
-    pallas: a Pallas kernel; blocks must be powers of two >= 16, and off-GPU it runs in
-      interpret mode (slow, so tests keep shapes small).
-    """
-
-    name: str
-    tiled: bool = True
-    pallas: bool = False
-
-
-IMPLEMENTATIONS = (
-    Implementation("reference", tiled=False),
-    Implementation("scan_v1"),
-    Implementation("scan_v2"),
-    Implementation("pallas_v1", pallas=True),
-    Implementation("pallas_v2", pallas=True),
-)
+IMPLEMENTATIONS = registry.implementations()
 TILED = tuple(i for i in IMPLEMENTATIONS if i.tiled)
 
 ON_GPU = jax.default_backend() == "gpu"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A call an implementation's record declares it cannot run (`registry.Unsupported`)
+    is reported as skipped, with the record's reason; any other error still fails."""
+    outcome = yield
+    report = outcome.get_result()
+    if call.excinfo is not None and call.excinfo.errisinstance(registry.Unsupported):
+        report.outcome = "skipped"
+        report.longrepr = (str(item.path), item.location[1] or 0, f"unsupported: {call.excinfo.value}")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -48,10 +41,10 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(params=IMPLEMENTATIONS, ids=lambda i: i.name)
-def impl(request) -> Implementation:
+def impl(request) -> registry.Implementation:
     return request.param
 
 
 @pytest.fixture(params=TILED, ids=lambda i: i.name)
-def tiled_impl(request) -> Implementation:
+def tiled_impl(request) -> registry.Implementation:
     return request.param

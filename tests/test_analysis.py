@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import jaxtile
-from jaxtile import analysis
+from jaxtile import analysis, registry
 from jaxtile.mask import MaskSpec
 
 SPECS = [
@@ -78,32 +78,37 @@ SHAPES = [
 ]
 
 
-KERNELS = [pytest.param(name, marks=pytest.mark.gpu) for name in ("pallas_v1", "pallas_v2")]
+# Implementations interpreted off their platform are loops of XLA ops with temporaries
+# of their own there: their models are checked only where they run natively (a GPU).
+IMPLEMENTATIONS = [
+    pytest.param(i, marks=() if "cpu" in i.platforms else pytest.mark.gpu, id=i.name)
+    for i in registry.implementations()
+]
 
 
 @pytest.mark.parametrize("backward", [False, True], ids=["forward", "forward_backward"])
-@pytest.mark.parametrize("implementation", ["reference", "scan_v1", "scan_v2", *KERNELS])
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[1]}x{s[2]}x{s[4]}_{s[6]}")
 def test_memory_usage_matches_xla(shape, implementation, backward):
-    """The model against XLA's accounting of the compiled program; the Pallas kernels'
-    only on a GPU (interpreted, they are loops of XLA ops with their own temporaries)."""
+    """The model against XLA's accounting of the compiled program."""
     batch, n, h, hk, d, dv, dtype, bq, bk = shape
     q = jax.ShapeDtypeStruct((*batch, n, h, d), dtype)
     k = jax.ShapeDtypeStruct((*batch, n, hk, d), dtype)
     v = jax.ShapeDtypeStruct((*batch, n, hk, dv), dtype)
     dout = jax.ShapeDtypeStruct((*batch, n, h, dv), dtype)
-    pallas = implementation.startswith("pallas")
-    blocks = dict(block_q=bq, block_k=bk) if not pallas else {}
+    # Kernels keep tiles on chip, so their model has no temporaries per tile to size.
+    kernel = not implementation.platforms & {"cpu"}
+    blocks = dict(block_q=bq, block_k=bk) if not implementation.power_of_two_blocks else {}
 
     def attend(q, k, v):
-        return jaxtile.flash_attention(q, k, v, implementation=implementation, **blocks)
+        return jaxtile.flash_attention(q, k, v, implementation=implementation.name, **blocks)
 
     if backward:
         fn, args = (lambda q, k, v, dout: jax.vjp(attend, q, k, v)[1](dout)), (q, k, v, dout)
     else:
         fn, args = attend, (q, k, v)
     measured = jax.jit(fn).lower(*args).compile().memory_analysis()
-    model = analysis.memory_usage(q, k, v, implementation=implementation, backward=backward, **blocks)
+    model = analysis.memory_usage(q, k, v, implementation=implementation.name, backward=backward, **blocks)
 
     assert model.inputs == measured.argument_size_in_bytes
     lse = 0 if backward else 4 * np.prod(batch) * h * n  # returned by the model, a temporary here
@@ -113,7 +118,7 @@ def test_memory_usage_matches_xla(shape, implementation, backward):
     # XLA may place ``out``, dead once D is formed, in dQ's output buffer (the kernels'
     # residuals are that one array and rows), so there only the rows must be measured.
     extras = model.residuals + model.temporaries + lse
-    lower = model.temporaries if pallas and backward else extras
+    lower = model.temporaries if kernel and backward else extras
     measured_temp = measured.temp_size_in_bytes
     assert lower / MEMORY_FACTOR <= measured_temp <= MEMORY_FACTOR * extras, (
         f"measured / model = {measured_temp / extras:.2f}"

@@ -20,7 +20,7 @@ GPU_ENV = dict(
     platform="gpu",
     device="NVIDIA H100",
     nvidia=True,
-    jaxtile={"scan_v2": None, "pallas_v1": "ModuleNotFoundError: No module named 'jaxtile.pallas_v1'"},
+    jaxtile=["scan_v2", "pallas_v1"],
     pallas_mha=None,
     torch={"version": "2.11.0", "cuda": True},
 )
@@ -80,7 +80,13 @@ def test_command_line_replaces_preset_values():
 
 def test_plan_records_what_cannot_run_here():
     gqa = _problem(num_kv_heads=2, seq_len=1000)
-    assert catalog.unsupported("pallas_v1", gqa, "fwd", GPU_ENV).startswith("module does not import")
+    # jaxtile's own implementations answer from their records.
+    wide = _problem(head_dim=512)
+    assert catalog.unsupported("pallas_v1", wide, "fwd", GPU_ENV).startswith("pallas_v1 supports head dims up to 256")
+    assert catalog.unsupported("scan_v2", wide, "fwd", GPU_ENV) is None
+    assert (
+        catalog.unsupported("pallas_v1", gqa, "fwd", dict(GPU_ENV, platform="tpu")) == "pallas_v1 does not run on tpu"
+    )
     assert catalog.unsupported("scan_v2", gqa, "fwd", GPU_ENV) is None
     assert "grouped-query" in catalog.unsupported("pallas.mha", gqa, "fwd", GPU_ENV)
     assert "multiple of its block 128" in catalog.unsupported("pallas.mha", _problem(seq_len=1000), "fwd", GPU_ENV)
@@ -89,6 +95,7 @@ def test_plan_records_what_cannot_run_here():
     assert "window" in catalog.unsupported("torch.flash", _problem(window=(8, 0)), "fwd", GPU_ENV)
     assert catalog.defaults(GPU_ENV) == [
         "scan_v2",
+        "pallas_v1",
         "jax.xla",
         "jax.cudnn",
         "pallas.mha",
@@ -97,7 +104,7 @@ def test_plan_records_what_cannot_run_here():
         "torch.efficient",
     ]
     cpu = dict(GPU_ENV, platform="cpu", nvidia=False, torch={"version": "2.13.0", "cuda": False})
-    assert catalog.defaults(cpu) == ["scan_v2", "jax.xla", "torch.math"]
+    assert catalog.defaults(cpu) == ["scan_v2", "pallas_v1", "jax.xla", "torch.math"]
     assert catalog.unsupported("jax.cudnn", _problem(), "fwd", cpu) == "needs a GPU"
 
 
@@ -129,12 +136,14 @@ def test_an_oom_in_a_sweep_skips_its_longer_lengths():
 
 
 def test_workers_run_one_implementation_each_on_a_gpu_smallest_first():
+    """Fastest first (a jaxtile implementation's record's speed, the peers' place on that
+    scale), so that a deadline cuts the slowest; each group's tasks smallest first."""
     tasks, _ = runner.plan([STANDARD], ["scan_v2", "jax.xla", "torch.flash", "torch.cudnn"], GPU_ENV)
     groups = runner._groups(tasks, on_gpu=True)
     assert [(module, {t.impl for t in ts}) for module, ts in groups] == [
         ("bench.torch_worker", {"torch.flash", "torch.cudnn"}),
-        ("bench.jax_worker", {"jax.xla"}),
         ("bench.jax_worker", {"scan_v2"}),
+        ("bench.jax_worker", {"jax.xla"}),
     ]
     sizes = [t.size() for t in groups[1][1]]
     assert sizes == sorted(sizes)

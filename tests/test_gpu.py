@@ -13,7 +13,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import jaxtile
-from jaxtile import tuning
+from jaxtile.triton import tuning
 from parity.case import Case
 from parity.compare import TOLERANCES, compare
 from parity.run import run_case

@@ -18,8 +18,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 import jaxtile
-from jaxtile import api
-from jaxtile.ring import RING_IMPLEMENTATIONS
+from jaxtile import registry
 from parity.compare import TOLERANCES, compare
 
 QUANTITIES = ("out", "lse", "dq", "dk", "dv")
@@ -68,7 +67,7 @@ def _check_ring(mesh: Mesh, implementation: str, *, causal: bool, num_kv_heads: 
             in_specs=in_specs,
             out_specs=(seq_spec, lse_spec, seq_spec, seq_spec, seq_spec),
             # Pallas interpret mode drops varying mesh axes in its loop (JAX limitation).
-            check_vma=not implementation.startswith("pallas"),
+            check_vma=jax.default_backend() in registry.get(implementation).platforms,
         )
     )
     what = f"{implementation}, {dict(mesh.shape)}, {causal=}, {num_kv_heads=}, {segments=}"
@@ -85,16 +84,9 @@ def _run_with(attend):
     return lambda arrays, segment_ids: _run(attend, arrays, segment_ids)
 
 
-def _pallas() -> list[str]:
-    return [name for name in RING_IMPLEMENTATIONS if name.startswith("pallas") and _exists(name)]
-
-
-def _exists(name: str) -> bool:
-    try:
-        api.get_implementation(name)
-    except ModuleNotFoundError:
-        return False
-    return True
+def _ring_implementations() -> list[str]:
+    """Every registered implementation whose backward pass the global lse can drive."""
+    return [i.name for i in registry.implementations() if i.lse_backward]
 
 
 def check_causal_ring_of_eight_gqa():
@@ -108,9 +100,9 @@ def check_full_ring_with_segments_and_batch_sharding():
     _check_ring(mesh, "scan_v2", causal=True, num_kv_heads=1, segments=True, block=16)
 
 
-def check_pallas_ring():
+def check_every_ring_implementation():
     mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "seq"))
-    for implementation in _pallas():
+    for implementation in _ring_implementations():
         _check_ring(mesh, implementation, causal=True, num_kv_heads=2, segments=False, block=16)
 
 

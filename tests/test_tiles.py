@@ -9,9 +9,11 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from jaxtile import _pallas as pk
-from jaxtile import pallas_v1, pallas_v2
-from jaxtile.tuning import MASK_KINDS, KernelTuning, default_tuning
+from jaxtile._core import Shape
+from jaxtile.triton import _kernel as pk
+from jaxtile.triton import v1 as pallas_v1
+from jaxtile.triton import v2 as pallas_v2
+from jaxtile.triton.tuning import MASK_KINDS, KernelTuning, default_tuning
 
 # (staging, whether its query tiles may pack heads), per kernel.
 KERNELS = {
@@ -27,7 +29,7 @@ DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 
 
 def _dims(q_len=4096, kv_len=4096, group=1, head_dim=128, head_dim_v=None):
-    return pk.Dims(2, q_len, kv_len, 2 * group, 2, head_dim, head_dim_v or head_dim)
+    return Shape(2, q_len, kv_len, 2 * group, 2, head_dim, head_dim_v or head_dim, 2)
 
 
 def _tunings(head_dim: int, dtype) -> list[KernelTuning]:

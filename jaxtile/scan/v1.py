@@ -2,7 +2,7 @@
 
 Dao et al. (2022), "FlashAttention: Fast and Memory-Efficient Exact Attention with
 IO-Awareness", Algorithm 1 (forward; masking as in Algorithm 2) and Algorithm 4
-(backward); comments cite their line numbers. Side by side with `jaxtile.scan_v2`:
+(backward); comments cite their line numbers. Side by side with `jaxtile.scan.v2`:
 
 * Forward loop order: key/value tiles outer (line 5), query tiles inner (line 7), over
   the query tiles `MaskSpec.q_spans` allows. The running output ``O``, max ``m`` and sum
@@ -31,9 +31,10 @@ import functools
 import jax.numpy as jnp
 from jax import lax
 
-from jaxtile import _lax_tiles as lt
 from jaxtile import _softmax as sm
-from jaxtile._core import Config, Inputs, differentiable
+from jaxtile import registry
+from jaxtile._core import Config, Inputs, Shape
+from jaxtile.scan import _tiles as lt
 
 DEFAULT_BLOCK = 128
 
@@ -155,4 +156,22 @@ def _backward(inputs: Inputs, out, stats, dout, dlse, config: Config):
     return dq, lt.kv_heads_last(dk, spec.kv_len, inputs.k.dtype), lt.kv_heads_last(dv, spec.kv_len, inputs.v.dtype)
 
 
-attention = differentiable(_forward, _backward)
+def _memory(shape: Shape, block_q: int | None, block_k: int | None, backward: bool) -> tuple[int, int]:
+    tiling = lt.Tiling.of(shape.q_len, shape.kv_len, block_q, block_k, DEFAULT_BLOCK)
+    return lt.memory(shape, tiling, fa1=True, backward=backward)
+
+
+IMPLEMENTATION = registry.register(
+    registry.Implementation(
+        name="scan_v1",
+        summary="FlashAttention-1 loop order (key tiles outer), `jax.lax` loops",
+        family="lax",
+        algorithm="FlashAttention-1",
+        forward=_forward,
+        backward=_backward,
+        memory=_memory,
+        default_block=DEFAULT_BLOCK,
+        lse_backward=False,
+        speed=20,
+    )
+)

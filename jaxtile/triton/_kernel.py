@@ -27,12 +27,12 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jaxtile._core import Config, Inputs
+from jaxtile._core import Config, Inputs, Shape
 from jaxtile.mask import MaskSpec, cdiv
-from jaxtile.tuning import KernelTuning
+from jaxtile.triton.tuning import KernelTuning
 
 MIN_BLOCK = 16  # the smallest tile Triton's dot accepts
-MAX_HEAD_DIM = 256
+MAX_HEAD_DIM = 256  # the largest head dim whose tiles fit (`Tiles.fit`)
 
 
 def next_pow2(n: int) -> int:
@@ -42,42 +42,6 @@ def next_pow2(n: int) -> int:
 def _pow2_factor(n: int) -> int:
     """The largest power of two dividing ``n``."""
     return n & -n
-
-
-@dataclasses.dataclass(frozen=True)
-class Dims:
-    """Static sizes of one call. ``head_dim_p``/``head_dim_v_p`` are padded to powers of two."""
-
-    batch: int
-    q_len: int
-    kv_len: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    head_dim_v: int
-
-    @classmethod
-    def of(cls, inputs: Inputs) -> Dims:
-        batch, q_len, num_heads, head_dim = inputs.q.shape
-        _, kv_len, num_kv_heads, head_dim_v = inputs.v.shape
-        if max(head_dim, head_dim_v) > MAX_HEAD_DIM:
-            raise NotImplementedError(
-                f"the Pallas kernels support head dims up to {MAX_HEAD_DIM}; got {head_dim=}, {head_dim_v=}. "
-                "Use implementation='scan_v2', 'scan_v1' or 'reference'."
-            )
-        return cls(batch, q_len, kv_len, num_heads, num_kv_heads, head_dim, head_dim_v)
-
-    @property
-    def group(self) -> int:
-        return self.num_heads // self.num_kv_heads
-
-    @property
-    def head_dim_p(self) -> int:
-        return next_pow2(self.head_dim)
-
-    @property
-    def head_dim_v_p(self) -> int:
-        return next_pow2(self.head_dim_v)
 
 
 # Shared memory per thread block that a kernel may ask for, by compute capability (CUDA's
@@ -120,10 +84,10 @@ class Staging:
     copies: int = 1
     split_float32: bool = False
 
-    def bytes(self, block_q: int, block_k: int, dims: Dims, itemsize: int, num_stages: int) -> int:
+    def bytes(self, block_q: int, block_k: int, shape: Shape, itemsize: int, num_stages: int) -> int:
         """Modelled shared memory of one program: the tiles, plus `_SCRATCH` for the
         mask's and the statistics' small loads."""
-        size = {"q": block_q, "k": block_k, "d": dims.head_dim_p, "v": dims.head_dim_v_p}
+        size = {"q": block_q, "k": block_k, "d": next_pow2(shape.head_dim), "v": next_pow2(shape.head_dim_v)}
 
         def total(tiles):
             return sum(size[r] * size[c] for r, c in tiles) * itemsize
@@ -152,7 +116,7 @@ class Tiles:
     def fit(
         cls,
         tuning: KernelTuning,
-        dims: Dims,
+        dims: Shape,
         dtype,
         staging: Staging,
         limit: int,
@@ -202,10 +166,10 @@ class Tiles:
                 block_k //= 2
         return cls(block_q, block_k, stages, pack)
 
-    def num_q_tiles(self, dims: Dims) -> int:
+    def num_q_tiles(self, dims: Shape) -> int:
         return cdiv(dims.q_len, self.positions)
 
-    def num_kv_tiles(self, dims: Dims) -> int:
+    def num_kv_tiles(self, dims: Shape) -> int:
         return cdiv(dims.kv_len, self.block_k)
 
 
@@ -524,25 +488,34 @@ class Kernel:
     the launch's warps and shared-memory model."""
 
     config: Config
-    dims: Dims
+    dims: Shape
     tiles: Tiles
     num_warps: int
     staging: Staging
-    itemsize: int
 
     @classmethod
     def create(cls, inputs: Inputs, config: Config, tuning: KernelTuning, staging: Staging, **fit) -> Kernel:
         """Tiles and stages from ``tuning`` that fit ``staging`` in shared memory (`Tiles.fit`)."""
-        dims = Dims.of(inputs)
+        dims = Shape.of(inputs.q, inputs.k, inputs.v)
         limit = shared_memory_limit(config.platform)
         tiles = Tiles.fit(tuning, dims, inputs.q.dtype, staging, limit, **fit)
-        return cls(config, dims, tiles, tuning.num_warps, staging, jnp.dtype(inputs.q.dtype).itemsize)
+        return cls(config, dims, tiles, tuning.num_warps, staging)
+
+    @property
+    def head_dim_p(self) -> int:
+        """q and k's head dim, padded to a power of two (tiles past the real one load as 0)."""
+        return next_pow2(self.dims.head_dim)
+
+    @property
+    def head_dim_v_p(self) -> int:
+        """v's head dim, padded to a power of two."""
+        return next_pow2(self.dims.head_dim_v)
 
     @property
     def shared_memory(self) -> int:
         """Modelled shared-memory bytes of one program (`Staging.bytes`)."""
         t = self.tiles
-        return self.staging.bytes(t.block_q, t.block_k, self.dims, self.itemsize, t.num_stages)
+        return self.staging.bytes(t.block_q, t.block_k, self.dims, self.dims.itemsize, t.num_stages)
 
     def dot(self, a, b, *, trans_a: bool = False, trans_b: bool = False):
         """``a @ b`` (optionally transposed) with float32 accumulation. float32 inputs get
@@ -595,3 +568,25 @@ class Kernel:
         error below 2**-22; denormal results flush to 0, negligible next to the row
         maximum of 1), ``jnp.exp2`` in interpret mode."""
         return _exp2_hardware if self.config.platform == "gpu" else jnp.exp2
+
+
+def memory(shape: Shape, fa1: bool, backward: bool) -> tuple[int, int]:
+    """Residuals and temporaries of the kernels: O(N) rows, nothing per tile (tiles live
+    in registers and shared memory).
+
+    FlashAttention-2 writes out and lse directly; its backward pass adds ``D`` and the
+    base-2 lse, one float32 row each. FlashAttention-1 keeps
+    the running output in a float32 buffer with ``m`` and ``l`` (forward) and accumulates
+    dQ in float32 beside ``m`` and ``1/l`` (backward); for float32 inputs the buffers are
+    the outputs.
+    """
+    f32 = 4
+    row = shape.batch * shape.num_heads * shape.q_len * f32
+    stats = 2 if fa1 else 1
+    buffers = fa1 and shape.itemsize != f32
+    forward = (shape.q_bytes(shape.head_dim_v, f32) if buffers else 0) + (2 * row if fa1 else 0)
+    if not backward:
+        return 0, forward
+    residuals = shape.q_bytes(shape.head_dim_v) + stats * row
+    backward_temps = (shape.q_bytes(shape.head_dim, f32) if buffers else 0) + 2 * row
+    return residuals, max(forward, backward_temps)

@@ -28,21 +28,20 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxtile import api
-from jaxtile._core import Attention, Config, Inputs
+from jaxtile import _softmax as sm
+from jaxtile import api, registry
+from jaxtile._core import Config, Inputs
+
 
 # Implementations whose backward pass takes the lse as its saved statistic, so that it can
 # be handed the global lse of the whole ring (FlashAttention-2's backward).
-RING_IMPLEMENTATIONS = ("scan_v2", "pallas_v2")
-
-
 @dataclasses.dataclass(frozen=True)
 class _Ring:
     """Static description of one ring: the implementation, the block configurations
     (``diagonal`` for the device's own kv shard, ``remote`` for a fully visible one),
     the mesh axis and its size."""
 
-    attention: Attention
+    implementation: registry.Implementation
     diagonal: Config
     remote: Config
     axis_name: Hashable
@@ -66,6 +65,13 @@ class _Ring:
         return jax.tree.map(lambda a: lax.ppermute(a, self.axis_name, perm), x)
 
 
+# What ring attention needs of an implementation, and how to say so.
+_LSE_BACKWARD = (
+    lambda implementation: implementation.lse_backward,
+    "ring_attention needs a backward pass driven by the global lse (Implementation.lse_backward)",
+)
+
+
 def _skip(kv, acc):
     return acc
 
@@ -73,18 +79,6 @@ def _skip(kv, acc):
 def _block(inputs: Inputs, kv) -> Inputs:
     k, v, kv_segment_ids = kv
     return Inputs(inputs.q, k, v, inputs.q_segment_ids, kv_segment_ids, None)
-
-
-def _merge(acc, out, lse):
-    """Merges a block's ``out [b, n, h, dv]``, ``lse [b, h, n]`` into the running pair."""
-    acc_out, acc_lse = acc
-    new = jnp.logaddexp(acc_lse, lse)
-    base = jnp.where(new == -jnp.inf, 0.0, new)
-
-    def weight(l):
-        return jnp.swapaxes(jnp.exp(l - base), 1, 2)[..., None]
-
-    return acc_out * weight(acc_lse) + out.astype(jnp.float32) * weight(lse), new
 
 
 def _forward(inputs: Inputs, ring: _Ring):
@@ -96,7 +90,8 @@ def _forward(inputs: Inputs, ring: _Ring):
     )
 
     def attend(config, kv, acc):
-        return _merge(acc, *ring.attention(_block(inputs, kv), config))
+        out, lse, _ = ring.implementation.forward(_block(inputs, kv), config)
+        return sm.merge(*acc, out, lse)
 
     def step(s, carry):
         kv, acc = carry
@@ -123,9 +118,9 @@ def _ring_bwd(ring: _Ring, residuals, cotangents):
     dout, dlse = cotangents
 
     def grads(config, kv, acc):
-        (g,) = ring.attention.bwd(config, (_block(inputs, kv), out, lse), (dout, dlse))
+        g_q, g_k, g_v = ring.implementation.backward(_block(inputs, kv), out, lse, dout, dlse, config)
         dq, (dk, dv) = acc
-        return dq + g.q, (dk + g.k, dv + g.v)
+        return dq + g_q, (dk + g_k, dv + g_v)
 
     def step(s, carry):
         kv, acc = carry
@@ -175,8 +170,9 @@ def ring_attention(
       segment_ids: local shards of the segment ids, ``[batch..., n]`` (when
         ``n_q == n_kv``) or a ``(q_ids, kv_ids)`` pair; the kv ids travel with k and v.
       logits_soft_cap, scale, block_q, block_k, tuning: as in `jaxtile.flash_attention`.
-      implementation: one of `RING_IMPLEMENTATIONS`, or None for the default of the
-        platform.
+      implementation: an implementation whose backward pass the global lse can drive
+        (`Implementation.lse_backward`: ``"scan_v2"``, ``"pallas_v2"``), or None for the
+        fastest of those on the platform.
       return_lse: also return the lse over the whole sequence.
 
     Returns:
@@ -184,7 +180,7 @@ def ring_attention(
       ``return_lse`` their ``lse [batch..., num_heads, n_q]``), equal to
       ``flash_attention`` on the gathered sequences, shard by shard.
     """
-    name, inputs, diagonal, batch = api.prepare(
+    implementation, inputs, diagonal, batch = api.prepare(
         query,
         key,
         value,
@@ -199,17 +195,13 @@ def ring_attention(
         block_q=block_q,
         block_k=block_k,
         tuning=tuning,
+        require=_LSE_BACKWARD,
     )
-    if name not in RING_IMPLEMENTATIONS:
-        raise NotImplementedError(
-            f"ring_attention needs a backward pass driven by the global lse; {name!r} has none. "
-            f"Use one of {RING_IMPLEMENTATIONS}"
-        )
     q_len, kv_len = diagonal.mask.q_len, diagonal.mask.kv_len
     if causal and q_len != kv_len:
         raise ValueError(f"causal ring attention needs query and key shards of equal length; got {q_len=}, {kv_len=}")
     remote = dataclasses.replace(diagonal, mask=dataclasses.replace(diagonal.mask, right=None))
-    ring = _Ring(api.get_implementation(name), diagonal, remote, axis_name, lax.axis_size(axis_name), causal)
+    ring = _Ring(implementation, diagonal, remote, axis_name, lax.axis_size(axis_name), causal)
     out, lse = _ring(inputs, ring)
     out = out.reshape(*batch, *out.shape[1:])
     if not return_lse:

@@ -16,9 +16,10 @@ import functools
 import jax.numpy as jnp
 from jax import lax
 
-from jaxtile import _lax_tiles as lt
 from jaxtile import _softmax as sm
-from jaxtile._core import Config, Inputs, differentiable
+from jaxtile import registry
+from jaxtile._core import Config, Inputs, Shape
+from jaxtile.scan import _tiles as lt
 
 DEFAULT_BLOCK = 128
 
@@ -126,4 +127,22 @@ def _backward(inputs: Inputs, out, lse, dout, dlse, config: Config):
     return dq, lt.kv_heads_last(dk, spec.kv_len, inputs.k.dtype), lt.kv_heads_last(dv, spec.kv_len, inputs.v.dtype)
 
 
-attention = differentiable(_forward, _backward)
+def _memory(shape: Shape, block_q: int | None, block_k: int | None, backward: bool) -> tuple[int, int]:
+    tiling = lt.Tiling.of(shape.q_len, shape.kv_len, block_q, block_k, DEFAULT_BLOCK)
+    return lt.memory(shape, tiling, fa1=False, backward=backward)
+
+
+IMPLEMENTATION = registry.register(
+    registry.Implementation(
+        name="scan_v2",
+        summary="FlashAttention-2 loop order (query tiles outer), `jax.lax` loops",
+        family="lax",
+        algorithm="FlashAttention-2",
+        forward=_forward,
+        backward=_backward,
+        memory=_memory,
+        default_block=DEFAULT_BLOCK,
+        lse_backward=True,
+        speed=30,
+    )
+)

@@ -30,20 +30,21 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxtile import _pallas as pk
 from jaxtile import _softmax as sm
-from jaxtile import tuning as tn
-from jaxtile._core import Config, Inputs, differentiable
+from jaxtile import registry
+from jaxtile._core import AUTOTUNE, Config, Inputs, Shape, differentiable
+from jaxtile.triton import _kernel as pk
+from jaxtile.triton import tuning as tn
 
 
 def _tuning(inputs: Inputs, config: Config) -> tn.Tuning:
     """The launch parameters of this call: the user's, autotuned, or the table's."""
-    dims = pk.Dims.of(inputs)
-    head_dim = max(dims.head_dim_p, dims.head_dim_v_p)
+    dims = Shape.of(inputs.q, inputs.k, inputs.v)
+    head_dim = pk.next_pow2(max(dims.head_dim, dims.head_dim_v))
     kind = tn.mask_kind(config.mask)
     if isinstance(config.tuning, tn.Tuning):
         tuning = config.tuning
-    elif config.tuning == tn.AUTOTUNE and config.platform == "gpu":
+    elif config.tuning == AUTOTUNE and config.platform == "gpu":
         key = (dims, inputs.q.dtype, config.mask, config.logits, config.block_q, config.block_k)
         options = tn.candidates(head_dim, inputs.q.dtype, kind)
         return tn.autotuned(key, options, functools.partial(_measure, inputs, config))
@@ -62,6 +63,8 @@ def _measure(inputs: Inputs, config: Config, tuning: tn.Tuning) -> tuple[float, 
     dout = dout[..., : inputs.v.shape[-1]]
     segments = [None if x is None else jnp.zeros(x.shape, x.dtype) for x in inputs[3:5]]
     mask = None if inputs.mask is None else jnp.ones(inputs.mask.shape, jnp.bool_)
+
+    attention = differentiable(_forward, _backward)
 
     def run(q, k, v):
         return attention(Inputs(q, k, v, *segments, mask), config)
@@ -122,7 +125,7 @@ def _forward_kernel(*refs, kernel: pk.Kernel):
         return kernel.accumulate(acc * alpha[:, None], p, v_j, contained), m_i, l_i
 
     carry = (
-        jnp.zeros((tiles.block_q, dims.head_dim_v_p), jnp.float32),
+        jnp.zeros((tiles.block_q, kernel.head_dim_v_p), jnp.float32),
         jnp.full((tiles.block_q,), -jnp.inf, jnp.float32),
         jnp.zeros((tiles.block_q,), jnp.float32),
     )
@@ -154,7 +157,7 @@ def _forward(inputs: Inputs, config: Config):
     return out, lse, lse
 
 
-def _group_splits(dims: pk.Dims, tiles: pk.Tiles) -> int:
+def _group_splits(dims: Shape, tiles: pk.Tiles) -> int:
     """Programs that share one kv head's query heads in the dK/dV kernel (each summing
     dK, dV over its share): the fewest, a power of two dividing the group, that give
     `_MIN_PROGRAMS` programs, so that MQA's few kv heads still fill the GPU."""
@@ -217,7 +220,7 @@ def _dkdv_kernel(*refs, kernel: pk.Kernel, splits: int):
             carry = lax.fori_loop(span.start, span.stop, functools.partial(body, h, span.masked), carry)
         return carry
 
-    carry = (jnp.zeros((bk, dims.head_dim_p), jnp.float32), jnp.zeros((bk, dims.head_dim_v_p), jnp.float32))
+    carry = (jnp.zeros((bk, kernel.head_dim_p), jnp.float32), jnp.zeros((bk, kernel.head_dim_v_p), jnp.float32))
     dk_j, dv_j = lax.fori_loop(0, heads, one_head, carry)
     # Line 18: write dK_j, dV_j (this share's part of them).
     pk.store_tile(dk_ref, b, share, kv_start, dk_j, dims.kv_len, dims.head_dim)
@@ -257,7 +260,7 @@ def _dq_kernel(*refs, kernel: pk.Kernel):
             )
         return kernel.accumulate(dq_i, ds, k_j, contained, unbounded=True)
 
-    dq_i = jnp.zeros((tiles.block_q, dims.head_dim_p), jnp.float32)
+    dq_i = jnp.zeros((tiles.block_q, kernel.head_dim_p), jnp.float32)
     for span in runtime.spans(spec, b, h0, t, False, n, bk):
         dq_i = lax.fori_loop(span.start, span.stop, functools.partial(body, span.masked), dq_i)
     pk.store_rows(dq_ref, b, h0, q_start, dq_i, tiles, dims.q_len, dims.head_dim)
@@ -328,4 +331,21 @@ def _backward(inputs: Inputs, out, lse, dout, dlse, config: Config):
     return dq, dk, dv
 
 
-attention = differentiable(_forward, _backward)
+IMPLEMENTATION = registry.register(
+    registry.Implementation(
+        name="pallas_v2",
+        summary="FlashAttention-2 as Pallas/Triton kernels: forward, dK/dV, dQ",
+        family="triton",
+        algorithm="FlashAttention-2",
+        forward=_forward,
+        backward=_backward,
+        memory=lambda shape, block_q, block_k, backward: pk.memory(shape, fa1=False, backward=backward),
+        platforms=frozenset({"gpu"}),
+        interprets=frozenset({"cpu"}),
+        max_head_dim=pk.MAX_HEAD_DIM,
+        power_of_two_blocks=True,
+        lse_backward=True,
+        tuning=tn.Tuning,
+        speed=50,
+    )
+)

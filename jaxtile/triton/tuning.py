@@ -22,8 +22,6 @@ import jax.numpy as jnp
 
 from jaxtile.mask import MaskSpec
 
-AUTOTUNE = "autotune"
-
 
 @dataclasses.dataclass(frozen=True)
 class KernelTuning:

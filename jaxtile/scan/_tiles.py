@@ -16,12 +16,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxtile._core import Config, Inputs
-from jaxtile.mask import MaskSpec, uniform_bounds
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+from jaxtile._core import Config, Inputs, Shape, group_heads
+from jaxtile.mask import MaskSpec, cdiv, uniform_bounds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,18 +32,20 @@ class Tiling:
     @classmethod
     def create(cls, config: Config, default_block: int) -> Tiling:
         """Tiles from the config (or ``default_block``), never longer than the sequence."""
-        spec = config.mask
-        block_q = min(config.block_q or default_block, spec.q_len)
-        block_k = min(config.block_k or default_block, spec.kv_len)
-        return cls(block_q, block_k, spec.q_len, spec.kv_len)
+        return cls.of(config.mask.q_len, config.mask.kv_len, config.block_q, config.block_k, default_block)
+
+    @classmethod
+    def of(cls, q_len: int, kv_len: int, block_q: int | None, block_k: int | None, default_block: int) -> Tiling:
+        """``block_q``/``block_k`` (or ``default_block``), never longer than the sequence."""
+        return cls(min(block_q or default_block, q_len), min(block_k or default_block, kv_len), q_len, kv_len)
 
     @property
     def num_q_tiles(self) -> int:
-        return _cdiv(self.q_len, self.block_q)
+        return cdiv(self.q_len, self.block_q)
 
     @property
     def num_kv_tiles(self) -> int:
-        return _cdiv(self.kv_len, self.block_k)
+        return cdiv(self.kv_len, self.block_k)
 
     @property
     def q_padded(self) -> int:
@@ -116,15 +114,14 @@ def kv_heads_last(x, kv_len: int, dtype):
 def tile(inputs: Inputs, tiling: Tiling) -> Tiled:
     """Pads the canonical inputs to whole tiles and puts heads before sequence."""
     num_kv_heads = inputs.k.shape[2]
-    group = inputs.q.shape[2] // num_kv_heads
 
     def seg(ids, padded):
         return None if ids is None else _pad_axis(ids, 1, padded)
 
     mask = inputs.mask
     if mask is not None:
-        b, h, n_q, n_kv = mask.shape
-        mask = mask.reshape(b, 1, 1, n_q, n_kv) if h == 1 else mask.reshape(b, num_kv_heads, group, n_q, n_kv)
+        mask = group_heads(mask, num_kv_heads)
+        n_q, n_kv = mask.shape[3:]
         if n_q > 1:
             mask = _pad_axis(mask, 3, tiling.q_padded, False)
         if n_kv > 1:
@@ -195,3 +192,34 @@ _einsum = functools.partial(jnp.einsum, precision=lax.Precision.HIGHEST, preferr
 scores = functools.partial(_einsum, "bhgqd,bhkd->bhgqk")
 over_keys = functools.partial(_einsum, "bhgqk,bhkd->bhgqd")
 over_queries = functools.partial(_einsum, "bhgqk,bhgqd->bhkd")
+
+
+def memory(shape: Shape, tiling: Tiling, fa1: bool, backward: bool) -> tuple[int, int]:
+    """Residuals and temporaries of the ``lax`` tile loops: O(N) rows plus a few tiles.
+
+    Both passes make head-major, padded copies of q, k, v; each visited tile pair forms
+    float32 ``[block_q, block_k]`` tiles for every head at once (S and P forward; S, P,
+    dP and dS backward). Forward, FlashAttention-2 stacks the per-tile outputs and lse;
+    FlashAttention-1 carries the float32 output and its ``m``, ``l``. Backward keeps the
+    output and the statistics (lse, or ``m`` and ``l``), accumulates dQ over the whole
+    sequence and stacks per-tile dK, dV, all in float32.
+    """
+    f32 = 4
+    padded = dataclasses.replace(shape, q_len=tiling.q_padded, kv_len=tiling.kv_padded)
+    tile = shape.batch * shape.num_heads * tiling.block_q * tiling.block_k * f32
+    row = shape.batch * shape.num_heads * tiling.q_padded * f32
+    copies = padded.q_bytes(shape.head_dim) + padded.kv_bytes(shape.head_dim + shape.head_dim_v)
+    stats = 2 if fa1 else 1
+    if fa1:
+        state = padded.q_bytes(shape.head_dim_v, f32) + stats * row
+    else:
+        state = padded.q_bytes(shape.head_dim_v) + row
+    forward = copies + state + 2 * tile
+    if not backward:
+        return 0, forward
+    residuals = shape.q_bytes(shape.head_dim_v) + stats * shape.batch * shape.num_heads * shape.q_len * f32
+    # dO (and O for FA1, which reads it per tile) head-major; dQ, dK, dV in float32.
+    rows_in = padded.q_bytes(shape.head_dim_v) * (2 if fa1 else 1)
+    grads = padded.q_bytes(shape.head_dim, f32) + padded.kv_bytes(shape.head_dim + shape.head_dim_v, f32)
+    backward_temps = copies + rows_in + grads + (stats + 1) * row + 4 * tile
+    return residuals, max(forward, backward_temps)

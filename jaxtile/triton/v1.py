@@ -1,8 +1,8 @@
 """``implementation="pallas_v1"``: FlashAttention-1's loop order as Pallas kernels.
 
 Dao et al. (2022), Algorithm 1 (forward) and Algorithm 4 (backward); comments cite
-their line numbers, as in `jaxtile.scan_v1`, so the kernels read next to
-`jaxtile.pallas_v2`.
+their line numbers, as in `jaxtile.scan.v1`, so the kernels read next to
+`jaxtile.triton.v2`.
 
 **One program per (batch, head)** — per kv head in the backward pass, which then loops
 over the query heads of its group. FlashAttention-1 puts key/value tiles in the outer
@@ -29,10 +29,11 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxtile import _pallas as pk
 from jaxtile import _softmax as sm
-from jaxtile import tuning as tn
-from jaxtile._core import Config, Inputs, differentiable
+from jaxtile import registry
+from jaxtile._core import Config, Inputs, Shape
+from jaxtile.triton import _kernel as pk
+from jaxtile.triton import tuning as tn
 
 # FlashAttention-1 holds O_i in registers next to S_ij; smaller tiles than FA2's.
 _DEFAULT = tn.KernelTuning(64, 64, 4, 2)
@@ -54,8 +55,8 @@ def _tuning(inputs: Inputs, config: Config) -> tuple[tn.KernelTuning, tn.KernelT
     if isinstance(config.tuning, tn.Tuning):
         forward, backward = config.tuning.forward, config.tuning.dkdv
     else:
-        dims = pk.Dims.of(inputs)
-        wide = max(dims.head_dim_p, dims.head_dim_v_p) > 128 or jnp.dtype(inputs.q.dtype).itemsize > 2
+        dims = Shape.of(inputs.q, inputs.k, inputs.v)
+        wide = pk.next_pow2(max(dims.head_dim, dims.head_dim_v)) > 128 or jnp.dtype(inputs.q.dtype).itemsize > 2
         forward = backward = _DEFAULT_WIDE if wide else _DEFAULT
     tuning = tn.Tuning(forward, backward, backward).with_blocks(config.block_q, config.block_k)
     return tuning.forward, tuning.dkdv
@@ -72,7 +73,9 @@ def _forward_kernel(*refs, kernel: pk.Kernel):
 
     def init(i, carry):
         # Line 2: O = 0, l = 0, m = -inf, in HBM.
-        pk.store_tile(o_ref, b, h, i * bq, jnp.zeros((bq, dims.head_dim_v_p), jnp.float32), dims.q_len, dims.head_dim_v)
+        pk.store_tile(
+            o_ref, b, h, i * bq, jnp.zeros((bq, kernel.head_dim_v_p), jnp.float32), dims.q_len, dims.head_dim_v
+        )
         pk.store_row_stat(m_ref, b, h, i * bq, jnp.full((bq,), -jnp.inf, jnp.float32), dims.q_len)
         pk.store_row_stat(l_ref, b, h, i * bq, jnp.zeros((bq,), jnp.float32), dims.q_len)
         return carry
@@ -162,7 +165,7 @@ def _backward_kernel(*refs, kernel: pk.Kernel):
     def init(n, carry):
         # Line 5: dQ = 0, in HBM (one row tile of one head of the group per step).
         g, i = lax.div(n, kernel.tiles.num_q_tiles(dims)), lax.rem(n, kernel.tiles.num_q_tiles(dims))
-        zeros = jnp.zeros((bq, dims.head_dim_p), jnp.float32)
+        zeros = jnp.zeros((bq, kernel.head_dim_p), jnp.float32)
         pk.store_tile(dq_ref, b, h_kv * dims.group + g, i * bq, zeros, dims.q_len, dims.head_dim)
         return carry
 
@@ -220,7 +223,7 @@ def _backward_kernel(*refs, kernel: pk.Kernel):
                 acc = lax.fori_loop(span.start, span.stop, body, acc)
             return acc
 
-        zeros = (jnp.zeros((bk, dims.head_dim_p), jnp.float32), jnp.zeros((bk, dims.head_dim_v_p), jnp.float32))
+        zeros = (jnp.zeros((bk, kernel.head_dim_p), jnp.float32), jnp.zeros((bk, kernel.head_dim_v_p), jnp.float32))
         dk_j, dv_j = lax.fori_loop(0, dims.group, one_head, zeros)
         # Line 24: write dK_j, dV_j.
         pk.store_tile(dk_ref, b, h_kv, kv_start, dk_j, dims.kv_len, dims.head_dim)
@@ -264,4 +267,21 @@ def _backward(inputs: Inputs, out, stats, dout, dlse, config: Config):
     return dq.astype(inputs.q.dtype), dk, dv
 
 
-attention = differentiable(_forward, _backward)
+IMPLEMENTATION = registry.register(
+    registry.Implementation(
+        name="pallas_v1",
+        summary="FlashAttention-1 as Pallas/Triton kernels, one program per batch × head",
+        family="triton",
+        algorithm="FlashAttention-1",
+        forward=_forward,
+        backward=_backward,
+        memory=lambda shape, block_q, block_k, backward: pk.memory(shape, fa1=True, backward=backward),
+        platforms=frozenset({"gpu"}),
+        interprets=frozenset({"cpu"}),
+        max_head_dim=pk.MAX_HEAD_DIM,
+        power_of_two_blocks=True,
+        lse_backward=False,
+        tuning=tn.Tuning,
+        speed=10,
+    )
+)

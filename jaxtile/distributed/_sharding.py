@@ -19,9 +19,9 @@ lowers to the plain implementation, and under ``vmap`` it steps aside for the
 implementation's own batching rule. Arrays sharded in their types (a mesh with
 ``Explicit`` axes) take the same layout through ``shard_map`` instead.
 
-The implementation must come from `_core.differentiable` and save per-row statistics
-shaped ``[batch, num_heads, ...]`` (the lse, or ``(m, l)``); one that saves anything else
-is left to XLA's partitioner.
+The implementation's forward pass must save per-row statistics shaped ``[batch,
+num_heads, ...]`` (the lse, or ``(m, l)``); one that saves anything else is left to XLA's
+partitioner.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxtile._core import Attention, Config, Inputs, differentiable
+from jaxtile._core import Attention, Backward, Config, Forward, Inputs, differentiable
 
 # What each argument and result of a pass is, spelled by its dimensions: b batch, q query
 # rows, t key rows, h query heads, k kv heads, d and e head dims. Softmax statistics are
@@ -189,24 +189,15 @@ def _unbatched(partitioned_fun, plain_fun):
     return fun
 
 
-@functools.cache
-def partitioned(attention: Attention) -> Attention:
-    """``attention`` with its forward and backward passes run per batch/head shard.
+def partitioned(forward: Forward, backward: Backward) -> Attention:
+    """An implementation's passes as one differentiable attention run per batch/head
+    shard: ``(inputs, config) -> (out, lse)``.
 
-    ``attention`` is an implementation built by `_core.differentiable`; anything else
-    (the reference: plain ``jnp`` that XLA partitions by itself) is returned unchanged.
-    The result has the same signature, ``(inputs, config) -> (out, lse)``.
+    ``forward`` and ``backward`` each run inside ``custom_partitioning`` (the forward's
+    statistics must be per-row, ``[batch, num_heads, ...]``, else they are left to XLA's
+    partitioner), and `_core.differentiable` joins them; inputs sharded in their types
+    take `_explicit_shards` instead.
     """
-    if not isinstance(attention, jax.custom_vjp):
-        return attention
-
-    def forward(inputs: Inputs, config: Config):
-        (out, lse), (_, _, stats) = attention.fwd(inputs, config)
-        return out, lse, stats
-
-    def backward(inputs: Inputs, out, stats, dout, dlse, config: Config):
-        (grads,) = attention.bwd(config, (inputs, out, stats), (dout, dlse))
-        return grads.q, grads.k, grads.v
 
     def forward_shards(inputs: Inputs, config: Config):
         return _per_shard(forward, (_INPUTS,), (_SEQ_Q, _ROWS, _ROWS), (inputs,), config)
@@ -216,11 +207,12 @@ def partitioned(attention: Attention) -> Attention:
         return _per_shard(backward, *roles, (inputs, out, stats, dout, dlse), config)
 
     auto = differentiable(forward_shards, backward_shards)
+    plain = differentiable(forward, backward)
 
     def attend(inputs: Inputs, config: Config):
         if (sharding := _explicit_sharding(inputs)) is None:
             return auto(inputs, config)
-        return _explicit_shards(attention, sharding.mesh, inputs, config)
+        return _explicit_shards(plain, sharding.mesh, inputs, config)
 
     return attend
 
