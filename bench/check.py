@@ -144,14 +144,22 @@ def _tokamax_missing(reason: str) -> None:
     print(f"tokamax is not timed: {reason}", file=sys.stderr)
 
 
-def _tokamax(shape: Shape):
-    """tokamax's Mosaic GPU kernel (JAX's recommended GPU attention), if importable."""
+def load_tokamax():
+    """The ``tokamax`` module, or None (having said once why) where it does not import."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             import tokamax
     except Exception as exc:  # not installed here: the column stays empty, and says why
         _tokamax_missing(f"{type(exc).__name__}: {exc}")
+        return None
+    return tokamax
+
+
+def _tokamax(shape: Shape):
+    """tokamax's Mosaic GPU kernel (JAX's recommended GPU attention), if importable."""
+    tokamax = load_tokamax()
+    if tokamax is None:
         return None
     mask = None
     if shape.documents:
@@ -174,6 +182,14 @@ def _inputs(shape: Shape, mode: str):
     return [jax.random.normal(key, s, jnp.bfloat16) for key, s in zip(keys, shapes)]
 
 
+def time_jitted(fn, args, budget_s: float) -> _worker.Timing:
+    """``jax.jit(fn)(*args)``, compiled once, timed after warm-up (`_worker.time_batches`)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*Triton.*", category=DeprecationWarning)
+        compiled = jax.jit(fn).lower(*args).compile()
+    return _worker.time_batches(lambda: compiled(*args), jax.block_until_ready, budget_s)
+
+
 def _timed(attend, shape: Shape, mode: str, budget_s: float) -> dict:
     """Median milliseconds of ``attend`` (forward, or forward+backward under a random
     cotangent), compiled once, after warm-up; or the error it raised."""
@@ -187,10 +203,7 @@ def _timed(attend, shape: Shape, mode: str, budget_s: float) -> dict:
             return out, *vjp(dout)
 
     try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*Triton.*", category=DeprecationWarning)
-            compiled = jax.jit(fn).lower(*args).compile()
-        timing = _worker.time_batches(lambda: compiled(*args), jax.block_until_ready, budget_s)
+        timing = time_jitted(fn, args, budget_s)
     except Exception as exc:  # recorded, and a missing jaxtile number fails the check
         return dict(error=_worker.failure(exc)["error"])
     return dict(ms=timing.ms, ms_lo=timing.ms_lo, ms_hi=timing.ms_hi, tflops=shape.flops(mode) / timing.ms / 1e9)

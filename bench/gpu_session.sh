@@ -4,6 +4,7 @@
 #
 #   bash bench/gpu_session.sh check OUT            # the kernels' GPU tests, the extremes compiled for real
 #   bash bench/gpu_session.sh perf OUT [ARGS...]   # python -m bench.check: jaxtile vs cuDNN, the committed floors
+#   bash bench/gpu_session.sh decode OUT [ARGS...] # python -m bench.decode: decode vs the copy bandwidth and cuDNN
 #   bash bench/gpu_session.sh ab OUT A B [ARGS...] # python -m bench.ab: two versions (directories), each in its own process
 #   bash bench/gpu_session.sh tune OUT [ARGS...]   # python -m bench.tune: launch parameters of the kernels
 #   bash bench/gpu_session.sh parity OUT [IMPL...] # parity --full, one process per implementation
@@ -34,13 +35,18 @@ peers() {
 
 case "$stage" in
 check)
-    XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 420 python -m pytest -q -p no:cacheprovider -n 8 \
+    XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 540 python -m pytest -q -p no:cacheprovider -n 12 \
         tests/test_gpu.py tests/test_correctness.py tests/test_determinism.py tests/test_numerics.py \
         -k "pallas or gpu" 2>&1 | tee "$out/gpu_tests.log" | tail -8
     ;;
 perf)
     peers
     python -m bench.check --out "$out/check.json" "$@" 2>&1 | tee "$out/check.log" | grep -v "^\[bench\]"
+    ;;
+decode)
+    peers
+    python -m bench.decode --out "$out/decode.json" "$@" 2>&1 | tee "$out/decode.log" |
+        grep -v "^WARNING:absl:Autotuning cache miss" # tokamax's, one per shape
     ;;
 ab)
     a=$1

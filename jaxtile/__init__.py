@@ -4,8 +4,18 @@ from jaxtile import reference, registry, scan, triton  # importing an implementa
 from jaxtile.api import flash_attention
 from jaxtile.distributed.ring import ring_attention
 from jaxtile.mask import MaskSpec
+from jaxtile.paged import paged_attention
 
 registry._import_listed()
 
-__all__ = ["MaskSpec", "flash_attention", "reference", "registry", "ring_attention", "scan", "triton"]
+__all__ = [
+    "MaskSpec",
+    "flash_attention",
+    "paged_attention",
+    "reference",
+    "registry",
+    "ring_attention",
+    "scan",
+    "triton",
+]
 __version__ = "0.1.0"

@@ -31,6 +31,7 @@ class Inputs(NamedTuple):
     q_segment_ids: ``[batch, q_len]`` int32, or None.
     kv_segment_ids: ``[batch, kv_len]`` int32, or None.
     mask: bool ``[1|batch, 1|num_heads, 1|q_len, 1|kv_len]`` (True = attend), or None.
+    lengths: ``[batch, 2]`` int32 ``(q_length, kv_length)`` per sequence, or None.
     """
 
     q: jax.Array
@@ -39,6 +40,7 @@ class Inputs(NamedTuple):
     q_segment_ids: jax.Array | None = None
     kv_segment_ids: jax.Array | None = None
     mask: jax.Array | None = None
+    lengths: jax.Array | None = None
 
 
 # ``tuning="autotune"``: an implementation times its own candidates once per shape.
@@ -108,10 +110,25 @@ def group_heads(mask, num_kv_heads: int):
     return mask.reshape(b, num_kv_heads, h // num_kv_heads, q, k)
 
 
+def gather_pages(pages, page_table):
+    """The contiguous cache ``[batch, pages_per_sequence * page_size, num_kv_heads, dim]``
+    held by ``pages [num_kv_heads, num_pages, page_size, dim]``: each sequence's pages in
+    the order of its row of ``page_table [batch, pages_per_sequence]`` (indices clipped
+    into ``[0, num_pages)``)."""
+    num_kv_heads, num_pages, page_size, dim = pages.shape
+    batch, pages_per_sequence = page_table.shape
+    table = jnp.clip(page_table.astype(jnp.int32), 0, num_pages - 1)
+    gathered = pages[:, table].reshape(num_kv_heads, batch, pages_per_sequence * page_size, dim)
+    return gathered.transpose(1, 2, 0, 3)
+
+
 # forward(inputs, config) -> (out, lse, stats); stats is what backward needs besides out.
 Forward = Callable[[Inputs, Config], tuple[jax.Array, jax.Array, Any]]
 # backward(inputs, out, stats, dout, dlse, config) -> (dq, dk, dv)
 Backward = Callable[..., tuple[jax.Array, jax.Array, jax.Array]]
+# paged_forward(inputs, config, (k_pages, v_pages, page_table)) -> (out, lse): the forward
+# pass reading K and V from pages; inputs.k and inputs.v only give the cache's shape.
+PagedForward = Callable[[Inputs, Config, tuple[jax.Array, jax.Array, jax.Array]], tuple[jax.Array, jax.Array]]
 Attention = Callable[[Inputs, Config], tuple[jax.Array, jax.Array]]
 
 
@@ -136,7 +153,7 @@ def differentiable(forward: Forward, backward: Backward) -> Attention:
         inputs, out, stats = residuals
         dout, dlse = cotangents
         dq, dk, dv = backward(inputs, out, stats, dout, dlse, config)
-        return (Inputs(dq, dk, dv, None, None, None),)
+        return (Inputs(dq, dk, dv),)
 
     attention.defvjp(attention_fwd, attention_bwd)
     return attention

@@ -149,6 +149,30 @@ def _check_mask(mask, batch: tuple[int, ...], num_heads: int, q_len: int, kv_len
     return jnp.reshape(mask, (batch_size, *mask.shape[len(batch) :]))
 
 
+def _check_lengths(q_lengths, kv_lengths, batch: tuple[int, ...], q_len: int, kv_len: int):
+    """``[batch_size, 2]`` int32 ``(q_length, kv_length)`` per sequence, or None. Concrete
+    lengths outside ``[0, len]`` are an error; traced ones are clipped into it."""
+    if q_lengths is None and kv_lengths is None:
+        return None
+    columns = []
+    for name, lengths, n in (("q_lengths", q_lengths, q_len), ("kv_lengths", kv_lengths, kv_len)):
+        if lengths is None:
+            columns.append(jnp.full(batch, n, jnp.int32))
+            continue
+        _array(name, lengths)
+        if not jnp.issubdtype(lengths.dtype, jnp.integer):
+            raise TypeError(f"{name} must have an integer dtype; got {lengths.dtype}")
+        if tuple(lengths.shape) != batch:
+            raise ValueError(f"{name} must have shape {batch} (the batch dimensions); got {tuple(lengths.shape)}")
+        if not _is_traced(lengths):
+            values = np.asarray(lengths)
+            bad = (values < 0) | (values > n)
+            if bad.any():
+                raise ValueError(f"{name} must lie in [0, {n}]; got {values[bad].tolist()[:8]}")
+        columns.append(jnp.clip(jnp.asarray(lengths).astype(jnp.int32), 0, n))
+    return jnp.stack(columns, axis=-1).reshape(math.prod(batch), 2)
+
+
 def _check_float(name: str, value, *, positive: bool) -> float | None:
     if value is None:
         return None
@@ -179,6 +203,14 @@ def check_tuning(tuning, types: tuple[type, ...]) -> None:
     raise TypeError(f"tuning must be None, {AUTOTUNE!r} or a {names}; got {tuning!r}")
 
 
+def _reshape(x, shape):
+    """``jnp.reshape``, or the reshaped shape of a `jax.ShapeDtypeStruct` (keys and values
+    that a paged cache holds, `jaxtile.paged_attention`)."""
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return jax.ShapeDtypeStruct(shape, x.dtype)
+    return jnp.reshape(x, shape)
+
+
 def canonicalize(
     query,
     key,
@@ -189,6 +221,8 @@ def canonicalize(
     segment_ids,
     mask,
     logits_soft_cap,
+    q_lengths=None,
+    kv_lengths=None,
     scale,
     block_q,
     block_k,
@@ -202,7 +236,8 @@ def canonicalize(
         ids = dict(zip(("q_segment_ids", "kv_segment_ids"), segment_ids))
     else:
         ids = {"segment_ids": segment_ids}
-    _check_devices({"query": query, "key": key, "value": value, "mask": mask, **ids})
+    lengths = {"q_lengths": q_lengths, "kv_lengths": kv_lengths}
+    _check_devices({"query": query, "key": key, "value": value, "mask": mask, **ids, **lengths})
     check_static("causal", causal, "bool")
     check_tuning(tuning, tuning_types)
     window = _check_window(window)
@@ -211,6 +246,7 @@ def canonicalize(
     kv_len, num_kv_heads = key.shape[-3], key.shape[-2]
     q_ids, kv_ids = _check_segment_ids(segment_ids, batch, q_len, kv_len)
     dense = _check_mask(mask, batch, num_heads, q_len, kv_len)
+    lengths = _check_lengths(q_lengths, kv_lengths, batch, q_len, kv_len)
     soft_cap = _check_float("logits_soft_cap", logits_soft_cap, positive=True)
     scale = _check_float("scale", scale, positive=False)
     spec = MaskSpec.create(
@@ -220,15 +256,17 @@ def canonicalize(
         window=window,
         has_segments=q_ids is not None,
         has_dense_mask=dense is not None,
+        has_lengths=lengths is not None,
     )
     logits = Logits(1.0 / math.sqrt(head_dim) if scale is None else scale, soft_cap)
     batch_size = math.prod(batch)
     inputs = Inputs(
         jnp.reshape(query, (batch_size, q_len, num_heads, head_dim)),
-        jnp.reshape(key, (batch_size, kv_len, num_kv_heads, head_dim)),
-        jnp.reshape(value, (batch_size, kv_len, num_kv_heads, value.shape[-1])),
+        _reshape(key, (batch_size, kv_len, num_kv_heads, head_dim)),
+        _reshape(value, (batch_size, kv_len, num_kv_heads, value.shape[-1])),
         q_ids,
         kv_ids,
         dense,
+        lengths,
     )
     return inputs, Config(spec, logits, block_q, block_k, tuning, platform), batch

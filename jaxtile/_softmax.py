@@ -213,15 +213,22 @@ def score_grad(p, dp, delta, pre, logits: Logits, visible=None):
     return ds if visible is None else jnp.where(visible, ds, 0.0)
 
 
-def merge(out_a, lse_a, out_b, lse_b):
-    """Two attentions of the same queries over disjoint sets of keys, as one over their
-    union: ``out [b, n, h, dv]`` (float32 result) weighted by ``exp(lse - lse_new)``,
-    ``lse [b, h, n]`` (natural log) combined by ``logaddexp``. A side that saw no key
-    (``lse = -inf``) contributes nothing; if neither did, the result is 0 and ``-inf``."""
-    lse = jnp.logaddexp(lse_a, lse_b)
-    base = jnp.where(lse == -jnp.inf, 0.0, lse)
+def merge(out, lse):
+    """Attentions of the same queries over disjoint sets of keys, as one over their union
+    (the partial results of ring attention's steps, or of split-KV decoding's splits).
 
-    def weight(l):
-        return jnp.swapaxes(jnp.exp(l - base), 1, 2)[..., None]
-
-    return out_a.astype(jnp.float32) * weight(lse_a) + out_b.astype(jnp.float32) * weight(lse_b), lse
+    Args:
+      out: ``[parts, b, n, h, dv]``, each part normalised over its own keys.
+      lse: ``[parts, b, h, n]`` (natural log); ``-inf`` for a part that saw no key.
+    Returns:
+      ``out [b, n, h, dv]`` float32, the parts weighted by ``exp(lse_part - lse)``, and
+      ``lse [b, h, n]``, their log-sum-exp; 0 and ``-inf`` where no part saw a key.
+    """
+    peak = jnp.max(lse, axis=0)
+    base = jnp.where(peak == -jnp.inf, 0.0, peak)
+    weight = jnp.exp(lse - base)
+    total = jnp.sum(weight, axis=0)
+    empty = total == 0.0
+    weight = jnp.swapaxes(weight / jnp.where(empty, 1.0, total), -1, -2)[..., None]
+    merged = jnp.sum(out.astype(jnp.float32) * weight, axis=0)
+    return merged, jnp.where(empty, -jnp.inf, base + jnp.log(jnp.where(empty, 1.0, total)))

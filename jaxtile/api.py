@@ -64,7 +64,7 @@ def _choose(inputs: Inputs, config: Config, require: Requirement | None) -> regi
 
 
 @functools.cache
-def _compiled(implementation: registry.Implementation) -> Attention:
+def compiled(implementation: registry.Implementation) -> Attention:
     """``implementation``'s attention, jitted with its static config so that calls
     outside ``jit`` compile once per shape and option set: its forward and recomputing
     backward joined into one ``custom_vjp`` and run per batch/head shard
@@ -90,6 +90,8 @@ def flash_attention(
     window: int | tuple[int | None, int | None] | None = None,
     segment_ids: jax.Array | tuple[jax.Array, jax.Array] | None = None,
     mask: jax.Array | None = None,
+    q_lengths: jax.Array | None = None,
+    kv_lengths: jax.Array | None = None,
     logits_soft_cap: float | None = None,
     scale: float | None = None,
     implementation: str | None = None,
@@ -115,6 +117,14 @@ def flash_attention(
         the query's own segment.
       mask: bool, True = attend, broadcastable to ``[batch..., num_heads, q_len, kv_len]``;
         combined (AND) with all of the above.
+      q_lengths, kv_lengths: ``[batch...]`` ints: sequence ``b`` has ``q_lengths[b]``
+        queries and ``kv_lengths[b]`` keys (a partly filled cache); rows and keys past
+        them are padding (padding rows get output 0 and lse ``-inf``), as
+        ``jax.nn.dot_product_attention``'s ``query_seq_lengths`` and
+        ``key_value_seq_lengths``. Causal masks and windows align query row ``i`` to
+        position ``i + kv_lengths[b] - q_lengths[b]`` (bottom-right within each
+        sequence's own lengths; either defaults to the full length). Concrete lengths
+        outside ``[0, q_len]``/``[0, kv_len]`` are an error; traced ones are clipped.
       logits_soft_cap: scores become ``cap * tanh(scores / cap)`` before masking.
       scale: multiplies ``q kᵀ``; default ``1 / sqrt(head_dim)``.
       implementation: a registered name (`jaxtile.registry.names()`: ``"reference"``,
@@ -143,13 +153,15 @@ def flash_attention(
         window=window,
         segment_ids=segment_ids,
         mask=mask,
+        q_lengths=q_lengths,
+        kv_lengths=kv_lengths,
         logits_soft_cap=logits_soft_cap,
         scale=scale,
         block_q=block_q,
         block_k=block_k,
         tuning=tuning,
     )
-    out, lse = _compiled(chosen)(inputs, config)
+    out, lse = compiled(chosen)(inputs, config)
     out = out.reshape(*batch, *out.shape[1:])
     if not return_lse:
         return out

@@ -8,14 +8,18 @@ Every implementation asks this module two questions and nothing else about maski
   the element-wise mask? (:meth:`MaskSpec.kv_spans`; :meth:`MaskSpec.q_spans` answers
   the transposed question for backward passes that loop over query tiles.)
 
-Positions and windows answer the tile-wise question from indices alone. Segment ids and
-a dense mask are runtime arrays: :meth:`MaskSpec.tile_bounds` reduces them, in XLA
-before the loops run, to per-tile bounds that the span functions intersect with the
-positional ones, so packed documents and padding skip the tiles they hide too.
+Positions and windows answer the tile-wise question from indices alone. Segment ids,
+a dense mask and per-sequence lengths are runtime arrays: :meth:`MaskSpec.tile_bounds`
+reduces them, in XLA before the loops run, to per-tile bounds that the span functions
+intersect with the positional ones, so packed documents, padding and partly filled
+caches skip the tiles they hide too.
 
 Positions are bottom-right aligned, as in flash-attn and cuDNN: query row ``i`` sits at
-position ``i + kv_len - q_len`` and key column ``j`` at position ``j``. Key ``j`` is
-visible to query ``i`` iff both are in bounds and
+position ``i + kv_len - q_len`` and key column ``j`` at position ``j``. With per-sequence
+lengths (``q_lengths``, ``kv_lengths``: rows and keys past them are padding) the
+alignment is to each sequence's own lengths, ``i + kv_lengths[b] - q_lengths[b]``, so a
+decode step sits at the end of its own cache. Key ``j`` is visible to query ``i`` iff
+both are in bounds (and within the lengths) and
 
     pos_q(i) - left  <=  j  <=  pos_q(i) + right
 
@@ -66,6 +70,10 @@ class TileSpan(NamedTuple):
     start: jnp.ndarray | int
     stop: jnp.ndarray | int
     masked: bool
+
+    def within(self, lo, hi) -> TileSpan:
+        """The tiles of this span in ``[lo, hi)`` (one split of a loop)."""
+        return TileSpan(_clip(self.start, lo, hi), _clip(self.stop, lo, hi), self.masked)
 
 
 class TileBounds(NamedTuple):
@@ -169,6 +177,9 @@ class MaskSpec:
       right: how far ahead a query may look; ``None`` is unbounded, ``0`` is causal.
       has_segments: per-token segment ids also apply (their values are runtime arrays).
       has_dense_mask: an arbitrary boolean mask also applies (a runtime array).
+      has_lengths: per-sequence query and key lengths apply (runtime ``[batch, 2]``
+        int32 ``(q_length, kv_length)``, each within ``[0, q_len]``/``[0, kv_len]``);
+        positions are aligned to them.
     """
 
     q_len: int
@@ -177,6 +188,7 @@ class MaskSpec:
     right: int | None = None
     has_segments: bool = False
     has_dense_mask: bool = False
+    has_lengths: bool = False
 
     @classmethod
     def create(
@@ -188,6 +200,7 @@ class MaskSpec:
         window: int | tuple[int | None, int | None] | None = None,
         has_segments: bool = False,
         has_dense_mask: bool = False,
+        has_lengths: bool = False,
     ) -> MaskSpec:
         """Builds the spec from the public arguments of ``flash_attention``."""
         if window is None:
@@ -198,7 +211,7 @@ class MaskSpec:
             left, right = window
         if causal:
             right = 0 if right is None else min(right, 0)
-        return cls(q_len, kv_len, left, right, has_segments, has_dense_mask)
+        return cls(q_len, kv_len, left, right, has_segments, has_dense_mask, has_lengths)
 
     @property
     def offset(self) -> int:
@@ -208,9 +221,9 @@ class MaskSpec:
     @property
     def is_structured(self) -> bool:
         """True when tiles can be classified from indices alone (no runtime mask)."""
-        return not (self.has_segments or self.has_dense_mask)
+        return not (self.has_segments or self.has_dense_mask or self.has_lengths)
 
-    def visible(self, q_idx, kv_idx, *, q_segment=None, kv_segment=None, dense=None, check_bounds=True):
+    def visible(self, q_idx, kv_idx, *, q_segment=None, kv_segment=None, dense=None, lengths=None, check_bounds=True):
         """Element-wise visibility; arguments broadcast against each other.
 
         Args:
@@ -219,17 +232,24 @@ class MaskSpec:
           q_segment, kv_segment: segment ids, shaped to broadcast like the indices;
             required iff ``has_segments``.
           dense: the boolean mask tile; required iff ``has_dense_mask``.
+          lengths: ``(q_length, kv_length)``, shaped to broadcast like the indices;
+            required iff ``has_lengths`` (they replace the bounds check).
           check_bounds: also hide indices past ``q_len``/``kv_len``; a kernel whose
             tiles never reach past the key sequence may skip it.
         Returns:
           bool array of the broadcast shape.
         """
-        pos = q_idx + self.offset
-        terms = [(q_idx < self.q_len) & (kv_idx < self.kv_len)] if check_bounds else []
+        if self.has_lengths:
+            q_length, kv_length = lengths
+            pos = _same_rank(q_idx, kv_length - q_length, jnp.add)
+            terms = [_same_rank(q_idx, q_length, jnp.less), _same_rank(kv_idx, kv_length, jnp.less)]
+        else:
+            pos = q_idx + self.offset
+            terms = [(q_idx < self.q_len) & (kv_idx < self.kv_len)] if check_bounds else []
         if self.left is not None:
-            terms.append(kv_idx >= pos - self.left)
+            terms.append(_same_rank(kv_idx, pos - self.left, jnp.greater_equal))
         if self.right is not None:
-            terms.append(kv_idx <= pos + self.right)
+            terms.append(_same_rank(kv_idx, pos + self.right, jnp.less_equal))
         if self.has_segments:
             terms.append(_same_rank(q_segment, kv_segment, jnp.equal))
         if self.has_dense_mask:
@@ -241,10 +261,12 @@ class MaskSpec:
             ok = _same_rank(ok, term, jnp.logical_and)
         return ok
 
-    def tile_classes(self, block_q: int, block_k: int, *, q_segment_ids=None, kv_segment_ids=None, dense=None):
+    def tile_classes(
+        self, block_q: int, block_k: int, *, q_segment_ids=None, kv_segment_ids=None, dense=None, lengths=None
+    ):
         """Classes of every (query tile, key tile) pair from the runtime parts of the mask
         alone: `SKIP` where no pair can be visible, `FULL` where every pair of the tile is
-        (before positions and windows), `MASKED` otherwise.
+        (before positions and windows, or, with lengths, after them), `MASKED` otherwise.
 
         Args:
           q_segment_ids, kv_segment_ids: ``[batch, q_len]``, ``[batch, kv_len]`` int32,
@@ -252,11 +274,14 @@ class MaskSpec:
             overlap are skipped.
           dense: bool ``[1|batch, 1|heads, 1|q_len, 1|kv_len]``, required iff
             ``has_dense_mask``.
+          lengths: ``[batch, 2]`` int32, required iff ``has_lengths``.
         Returns:
           ``[1|batch, 1|heads, n_q_tiles, n_kv_tiles]`` int32.
         """
         n_q, n_kv = cdiv(self.q_len, block_q), cdiv(self.kv_len, block_k)
         classes = jnp.full((1, 1, n_q, n_kv), FULL, jnp.int32)
+        if self.has_lengths:
+            classes = self._length_classes(block_q, block_k, lengths)
         if self.has_segments:
             q_lo, q_hi = _segment_range(q_segment_ids, block_q)
             k_lo, k_hi = _segment_range(kv_segment_ids, block_k)
@@ -269,6 +294,28 @@ class MaskSpec:
             whole = _dense_tiles(_dense_tiles(dense, block_q, 2, True, jnp.all), block_k, 3, True, jnp.all)
             classes = jnp.minimum(classes, jnp.where(seen, jnp.where(whole, FULL, MASKED), SKIP))
         return jnp.broadcast_to(classes, (*classes.shape[:2], n_q, n_kv))
+
+    def _length_classes(self, block_q: int, block_k: int, lengths):
+        """`tile_classes` of the lengths with the positions and windows they align,
+        ``[batch, 1, n_q_tiles, n_kv_tiles]``: a tile is `FULL` only if every key of it
+        (past the end of the keys too: interior tiles are loaded unmasked) and every row
+        up to ``q_len`` (rows past it are never stored, and contribute nothing to dK, dV)
+        is within the lengths and the window."""
+        q_length, kv_length = lengths[:, 0, None, None], lengths[:, 1, None, None]
+        offset = kv_length - q_length
+        first_row = (jnp.arange(cdiv(self.q_len, block_q), dtype=jnp.int32) * block_q)[None, :, None]
+        first_key = (jnp.arange(cdiv(self.kv_len, block_k), dtype=jnp.int32) * block_k)[None, None, :]
+        end_row, end_key = jnp.minimum(first_row + block_q, self.q_len) - 1, first_key + block_k - 1
+        last_row, last_key = jnp.minimum(end_row, q_length - 1), jnp.minimum(end_key, kv_length - 1)
+        seen = (first_row < q_length) & (first_key < kv_length)
+        full = (end_row < q_length) & (end_key < kv_length)
+        if self.left is not None:
+            seen &= last_key >= first_row + offset - self.left
+            full &= first_key >= end_row + offset - self.left
+        if self.right is not None:
+            seen &= first_key <= last_row + offset + self.right
+            full &= end_key <= first_row + offset + self.right
+        return jnp.where(seen, jnp.where(full, FULL, MASKED), SKIP)[:, None]
 
     def tile_bounds(self, block_q: int, block_k: int, *, transposed: bool = False, **runtime):
         """Per-tile bounds of the runtime mask (`tile_classes`'s arguments), for the span
@@ -293,6 +340,10 @@ class MaskSpec:
             without it a mask with runtime parts visits every tile its positions allow,
             masked.
         """
+        if self.has_lengths:
+            # Positions are aligned per sequence: the runtime bounds hold them.
+            n = cdiv(self.kv_len, block_k)
+            return self._spans(TileBounds(0, 0, n, n), bounds, head=True, interior=True, tail=True)
         n_kv = self.kv_len
         first = q_tile * block_q + self.offset
         last = jnp.minimum(q_tile * block_q + block_q, self.q_len) - 1 + self.offset
@@ -328,6 +379,9 @@ class MaskSpec:
         rows past ``q_len`` are not masked in interior tiles: callers load them as zeros
         with an lse of +inf, so they contribute nothing.
         """
+        if self.has_lengths:
+            n = cdiv(self.q_len, block_q)
+            return self._spans(TileBounds(0, 0, n, n), bounds, head=True, interior=True, tail=True)
         n_q = self.q_len
         first = kv_tile * block_k
         last = jnp.minimum(first + block_k, self.kv_len) - 1

@@ -34,6 +34,9 @@ def _forward(inputs: Inputs, config: Config) -> tuple[jax.Array, jax.Array, None
         q_segment=None if inputs.q_segment_ids is None else inputs.q_segment_ids[:, None, None, :, None],
         kv_segment=None if inputs.kv_segment_ids is None else inputs.kv_segment_ids[:, None, None, None, :],
         dense=None if inputs.mask is None else group_heads(inputs.mask, num_kv_heads),
+        lengths=None
+        if inputs.lengths is None
+        else (inputs.lengths[:, 0, None, None, None, None], inputs.lengths[:, 1, None, None, None, None]),
     )
     visible = jnp.broadcast_to(visible, (batch, num_kv_heads, group, q_len, spec.kv_len))
     # Keys no query sees (padding, an unfilled cache) must not reach any row via 0 · NaN.

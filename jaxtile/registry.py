@@ -28,11 +28,11 @@ from collections.abc import Callable
 
 import jax.numpy as jnp
 
-from jaxtile._core import Backward, Config, Forward, Inputs, Shape
+from jaxtile._core import Backward, Config, Forward, Inputs, PagedForward, Shape
 
 DTYPES = frozenset({"float32", "bfloat16", "float16"})
 # Parts of the mask and logits a call can use (`features_of`).
-FEATURES = frozenset({"causal", "window", "segments", "dense_mask", "soft_cap", "gqa"})
+FEATURES = frozenset({"causal", "window", "segments", "dense_mask", "lengths", "soft_cap", "gqa"})
 PLATFORMS = frozenset({"cpu", "gpu", "tpu"})
 
 # memory(shape, block_q, block_k, backward) -> (residual bytes, temporary bytes)
@@ -52,10 +52,12 @@ class Implementation:
         needs besides the output.
       backward: ``(inputs, out, stats, dout, dlse, config) -> (dq, dk, dv)``, a pass that
         recomputes attention from ``stats``; None to let JAX differentiate ``forward``.
+      paged_forward: the forward pass reading K and V from a paged cache
+        (`jaxtile.paged_attention`), or None to have the pages gathered for ``forward``.
       memory: the bytes it needs beyond inputs and outputs (`jaxtile.analysis`).
       platforms: where it runs natively; ``interprets``: where else it runs, slowly,
         in Pallas interpret mode.
-      dtypes, features, max_head_dim: the calls it supports (`supports`).
+      dtypes, features, max_head_dim, max_q_len: the calls it supports (`supports`).
       tiled: O(N) memory, visiting only the tiles the mask allows.
       power_of_two_blocks: ``block_q``/``block_k`` must be powers of two >= 16.
       default_block: its tile when ``block_q``/``block_k`` are None (None: its own rule).
@@ -73,11 +75,13 @@ class Implementation:
     forward: Forward
     backward: Backward | None
     memory: MemoryModel
+    paged_forward: PagedForward | None = None
     platforms: frozenset[str] = PLATFORMS
     interprets: frozenset[str] = frozenset()
     dtypes: frozenset[str] = DTYPES
     features: frozenset[str] = FEATURES
     max_head_dim: int | None = None
+    max_q_len: int | None = None
     tiled: bool = True
     power_of_two_blocks: bool = False
     default_block: int | None = None
@@ -107,6 +111,8 @@ class Implementation:
                 f"{self.name} supports head dims up to {self.max_head_dim}; "
                 f"got head_dim={shape.head_dim}, head_dim_v={shape.head_dim_v}"
             )
+        if self.max_q_len is not None and shape.q_len > self.max_q_len:
+            return f"{self.name} supports q_len up to {self.max_q_len}; got q_len={shape.q_len}"
         missing = features - self.features
         if missing:
             return f"{self.name} does not support {', '.join(sorted(missing))}"
@@ -121,6 +127,7 @@ def features_of(inputs: Inputs, config: Config) -> frozenset[str]:
         "window": spec.left is not None or (spec.right is not None and spec.right > 0),
         "segments": spec.has_segments,
         "dense_mask": spec.has_dense_mask,
+        "lengths": spec.has_lengths,
         "soft_cap": config.logits.soft_cap is not None,
         "gqa": inputs.q.shape[2] != inputs.k.shape[2],
     }

@@ -18,7 +18,16 @@ class Case:
     ``segments`` packs that many documents of random lengths into each sequence;
     ``mask`` is ``"random"`` (Bernoulli(0.7) per head and position), ``"padding"`` (the
     last keys of each batch element are padding) or ``"empty_rows"`` (some queries see
-    no key at all). ``input_scale`` multiplies q and k, to make logits large.
+    no key at all). ``lengths`` gives each sequence its own query and key lengths
+    (``"kv"``: key lengths only, as a decode step over caches filled to different
+    lengths; ``"ragged"``: both); the first sequence is full and the last has an empty
+    cache. ``input_scale`` multiplies q and k, to make logits large.
+    ``page_size`` makes the case paged: k and v are cut into pages of that size (the
+    last page of a sequence partly filled when ``kv_len`` is not a multiple), scattered
+    in random order over a pool with spare pages of random values, and the case runs
+    through ``jaxtile.paged_attention`` with the page table (one batch dim; no segments,
+    mask or blocks), every sequence's ``kv_lengths`` the full ``kv_len`` unless
+    ``lengths`` says otherwise.
     ``lse_grad`` also back-propagates a random cotangent through the lse.
     ``grads=False`` only checks that the gradients are finite: for a saturated softmax
     in 16-bit (or one-hot in every row, whatever the dtype) the exact gradient is ~0 and
@@ -40,6 +49,8 @@ class Case:
     window: int | tuple[int | None, int | None] | None = None
     segments: int = 0
     mask: str | None = None
+    lengths: str | None = None
+    page_size: int | None = None
     logits_soft_cap: float | None = None
     scale: float | None = None
     input_scale: float = 1.0
@@ -84,12 +95,36 @@ def _segment_ids(rng: np.random.Generator, batch: tuple[int, ...], length: int, 
     return ids.reshape(*batch, length)
 
 
+def _pages(rng: np.random.Generator, case: Case, k: np.ndarray, v: np.ndarray) -> dict[str, np.ndarray]:
+    """The page pools ``[num_kv_heads, num_pages, page_size, dim]`` holding k and v, and
+    the page table ``[batch, pages_per_sequence]`` int32 (distinct pages in random order,
+    as many spare pages as one sequence has)."""
+    if len(case.batch) != 1 or case.segments or case.mask is not None or case.block_q or case.block_k:
+        raise ValueError(f"{case.name}: a paged case has one batch dim and no segments, mask or blocks")
+    (batch,), size = case.batch, case.page_size
+    per_sequence = math.ceil(case.kv / size)
+    num_pages = (batch + 1) * per_sequence
+    table = rng.permutation(num_pages)[: batch * per_sequence].reshape(batch, per_sequence).astype(np.int32)
+    position = np.arange(case.kv)
+    page, offset = table[:, position // size], position % size  # [batch, kv_len], [kv_len]
+    arrays = {"page_table": table}
+    for name, x in (("k_pages", k), ("v_pages", v)):
+        scale = case.input_scale if name == "k_pages" else 1.0
+        pool = (rng.standard_normal((case.kv_heads, num_pages, size, x.shape[-1])) * scale).astype(x.dtype)
+        pool[:, page, offset] = x.transpose(2, 0, 1, 3)
+        arrays[name] = pool
+    return arrays
+
+
 def make_inputs(case: Case) -> dict[str, np.ndarray | None]:
     """Draws the case's arrays once, in NumPy, from its seed.
 
     q, k, v and the output cotangent ``dout`` are standard normal, rounded to the case's
     dtype (so both frameworks see identical values); ``dlse`` is float32 or None.
-    Segment ids are int32, the mask bool (True = attend) ``[batch..., H, T, S]``.
+    Segment ids are int32, the mask bool (True = attend) ``[batch..., H, T, S]``, the
+    lengths int32 ``[batch...]``; a paged case adds ``page_table``, ``k_pages`` and
+    ``v_pages`` (`_pages`), drawn last so that its other arrays are those of the same
+    case unpaged.
     """
     rng = np.random.default_rng(case.seed)
     dtype = DTYPES[case.dtype]
@@ -107,6 +142,11 @@ def make_inputs(case: Case) -> dict[str, np.ndarray | None]:
         "q_segment_ids": None,
         "kv_segment_ids": None,
         "mask": None,
+        "q_lengths": None,
+        "kv_lengths": None,
+        "page_table": None,
+        "k_pages": None,
+        "v_pages": None,
     }
     if case.segments:
         if t == s:
@@ -126,4 +166,16 @@ def make_inputs(case: Case) -> dict[str, np.ndarray | None]:
         arrays["mask"] = mask
     elif case.mask is not None:
         raise ValueError(f"unknown mask kind {case.mask!r}")
+    if case.lengths is not None:
+        if case.lengths not in ("kv", "ragged"):
+            raise ValueError(f"unknown lengths kind {case.lengths!r}")
+        kv_lengths = rng.integers(1, s + 1, size=b).astype(np.int32).reshape(-1)
+        kv_lengths[0], kv_lengths[-1] = s, 0
+        arrays["kv_lengths"] = kv_lengths.reshape(b)
+        if case.lengths == "ragged":
+            q_lengths = rng.integers(0, t + 1, size=b).astype(np.int32).reshape(-1)
+            q_lengths[0] = t
+            arrays["q_lengths"] = q_lengths.reshape(b)
+    if case.page_size is not None:
+        arrays.update(_pages(rng, case, arrays["k"], arrays["v"]))
     return arrays

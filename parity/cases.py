@@ -9,8 +9,9 @@ block sizes 32/64/128, its sliding windows via `flashtile_window`, GQA with 8 qu
 2 kv heads, MQA, prime lengths, a single token, one less and one more than a tile), and
 edge cases FlashTile never tested (fully masked rows, head dims 40/80/96/256,
 ``q_len != kv_len``, large logits). Case names say which: ``flashtile_*`` or ``edge_*``
-(``api_*`` for the rest of jaxtile's features). Every block is a power of two >= 16 or
-None, so each case is valid for the Pallas kernels too.
+(``api_*`` for the rest of jaxtile's features; ``api_paged_*`` run through
+``jaxtile.paged_attention``). Every block is a power of two >= 16 or None, so each case
+is valid for the Pallas kernels too.
 """
 
 from __future__ import annotations
@@ -137,6 +138,30 @@ QUICK = _checked(
     # Logits ~1e3, far past exp's float32 overflow, but with a softmax that is not one-hot
     # in every row, so the gradients are not all cancellation residue (see Case.grads).
     Case("edge_large_logits", batch=(1,), num_heads=2, q_len=64, input_scale=20.0, block_q=32, block_k=32),
+    # Paged caches: a decode step over caches filled to different lengths (72 is not a
+    # multiple of the page), and a ragged causal chunk of a prefill.
+    Case(
+        "api_paged_decode_gqa_kv_lengths",
+        batch=(3,),
+        num_heads=8,
+        num_kv_heads=2,
+        q_len=1,
+        kv_len=72,
+        lengths="kv",
+        page_size=16,
+    ),
+    Case(
+        "api_paged_chunk16_mqa_causal_ragged_bf16",
+        batch=(3,),
+        num_heads=4,
+        num_kv_heads=1,
+        q_len=16,
+        kv_len=96,
+        causal=True,
+        lengths="ragged",
+        page_size=32,
+        dtype=BF16,
+    ),
 )
 
 
@@ -334,6 +359,53 @@ FULL = _checked(
     Case("api_custom_scale", num_heads=4, q_len=512, head_dim=64, scale=0.3),
     Case("api_no_batch_dims", batch=(), num_heads=4, q_len=1024, head_dim=64, causal=True),
     Case("api_two_batch_dims", batch=(2, 3), num_heads=2, q_len=509, head_dim=64, causal=True),
+    # Paged caches: decode steps and prefill chunks over caches of different fills (the
+    # first full, the last empty; 1000 is not a multiple of the page), GQA 8:2.
+    *(
+        Case(
+            f"api_paged_q{q_len}_{lengths}_page{page_size}_{dtype}",
+            batch=(4,),
+            num_heads=8,
+            num_kv_heads=2,
+            q_len=q_len,
+            kv_len=1000,
+            head_dim=128,
+            causal=True,
+            lengths=lengths,
+            page_size=page_size,
+            dtype=dtype,
+        )
+        for q_len in (1, 3, 16)
+        for lengths in ("kv", "ragged")
+        for page_size, dtype in ((16, F32), (32, BF16))
+    ),
+    Case(
+        "api_paged_decode_mqa_window_soft_cap",
+        batch=(4,),
+        num_heads=8,
+        num_kv_heads=1,
+        q_len=1,
+        kv_len=2048,
+        head_dim=64,
+        causal=True,
+        window=(255, 0),
+        logits_soft_cap=30.0,
+        input_scale=3.0,
+        lengths="kv",
+        page_size=16,
+    ),
+    Case(
+        "api_paged_chunk64_full_caches_bf16",
+        batch=(2,),
+        num_heads=8,
+        num_kv_heads=2,
+        q_len=64,
+        kv_len=1021,
+        head_dim=64,
+        causal=True,
+        page_size=32,
+        dtype=BF16,
+    ),
 )
 
 CASE_SETS = {"quick": QUICK, "full": FULL}

@@ -22,6 +22,8 @@ def attention(
     q_segment_ids: torch.Tensor | None = None,
     kv_segment_ids: torch.Tensor | None = None,
     mask: torch.Tensor | None = None,
+    q_lengths: torch.Tensor | None = None,
+    kv_lengths: torch.Tensor | None = None,
     logits_soft_cap: float | None = None,
     scale: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -29,7 +31,9 @@ def attention(
 
     Returns ``out [batch..., T, H, Dv]`` and ``lse [batch..., H, T]`` in float64; rows
     that see no key give 0 and ``-inf``. ``mask`` is True = attend and broadcasts to
-    ``[batch..., H, T, S]``. Differentiable with torch autograd.
+    ``[batch..., H, T, S]``. ``q_lengths``/``kv_lengths`` ``[batch...]``: queries and keys
+    past them are padding, and query ``i`` of a sequence sits at position ``i + kv_length
+    - q_length``. Differentiable with torch autograd.
     """
     q, k, v = (x.to(torch.float64) for x in (q, k, v))
     q_len, num_heads, head_dim = q.shape[-3:]
@@ -44,17 +48,26 @@ def attention(
         scores = logits_soft_cap * torch.tanh(scores / logits_soft_cap)
 
     device = q.device
-    pos_q = torch.arange(q_len, device=device)[:, None] + (kv_len - q_len)
+    row = torch.arange(q_len, device=device)[:, None]
     pos_k = torch.arange(kv_len, device=device)[None, :]
-    allowed = torch.ones(q_len, kv_len, dtype=torch.bool, device=device)
+    if q_lengths is None and kv_lengths is None:
+        pos_q = row + (kv_len - q_len)
+        allowed = torch.ones(q_len, kv_len, dtype=torch.bool, device=device)
+    else:
+        batch = q.shape[:-3]
+        q_lengths = torch.full(batch, q_len, device=device) if q_lengths is None else q_lengths
+        kv_lengths = torch.full(batch, kv_len, device=device) if kv_lengths is None else kv_lengths
+        q_lengths, kv_lengths = q_lengths[..., None, None, None], kv_lengths[..., None, None, None]
+        pos_q = row + (kv_lengths - q_lengths)  # [batch..., 1, T, 1]
+        allowed = (row < q_lengths) & (pos_k < kv_lengths)
     if causal:
-        allowed &= pos_k <= pos_q
+        allowed = allowed & (pos_k <= pos_q)
     if window is not None:
         left, right = (window, window) if isinstance(window, int) else window
         if left is not None:
-            allowed &= pos_k >= pos_q - left
+            allowed = allowed & (pos_k >= pos_q - left)
         if right is not None:
-            allowed &= pos_k <= pos_q + right
+            allowed = allowed & (pos_k <= pos_q + right)
     allowed = allowed.expand(*scores.shape)
     if q_segment_ids is not None:
         same = q_segment_ids[..., :, None] == kv_segment_ids[..., None, :]

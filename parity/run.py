@@ -161,6 +161,8 @@ def torch_reference(case: Case, arrays: dict, device: str = "cpu") -> dict[str, 
         q_segment_ids=tensor("q_segment_ids"),
         kv_segment_ids=tensor("kv_segment_ids"),
         mask=tensor("mask"),
+        q_lengths=tensor("q_lengths"),
+        kv_lengths=tensor("kv_lengths"),
         **case.options(),
     )
     loss = (out * tensor("dout")).sum()
@@ -172,28 +174,66 @@ def torch_reference(case: Case, arrays: dict, device: str = "cpu") -> dict[str, 
     return {name: x.detach().cpu().numpy() for name, x in result.items()}
 
 
+def _paged_attend(case: Case, arrays: dict, implementation: Implementation, lengths: dict):
+    """``attend(q, k, v)`` of a paged case: k and v written into their slots of the
+    case's page pools (so that the gradients flow back to them through
+    ``paged_attention``'s), then `jaxtile.paged_attention` with the case's page table."""
+    if not isinstance(implementation, str):
+        raise NotImplementedError("a paged case runs jaxtile.paged_attention, which takes a registered name")
+    table = arrays["page_table"]
+    position = np.arange(case.kv)
+    page, offset = table[:, position // case.page_size], position % case.page_size
+    k_pool, v_pool = jnp.asarray(arrays["k_pages"]), jnp.asarray(arrays["v_pages"])
+    kv_lengths = lengths["kv_lengths"]
+    if kv_lengths is None:
+        kv_lengths = jnp.full(case.batch, case.kv, jnp.int32)
+
+    def attend(q, k, v):
+        return jaxtile.paged_attention(
+            q,
+            k_pool.at[:, page, offset].set(k.transpose(2, 0, 1, 3)),
+            v_pool.at[:, page, offset].set(v.transpose(2, 0, 1, 3)),
+            jnp.asarray(table),
+            kv_lengths,
+            q_lengths=lengths["q_lengths"],
+            implementation=implementation,
+            return_lse=True,
+            **case.options(),
+        )
+
+    return attend
+
+
 def jaxtile_function(case: Case, arrays: dict, implementation: Implementation):
     """A freshly jitted ``run`` and its arguments: ``run(*args)`` gives jaxtile's
-    ``(out, lse, dq, dk, dv)`` on the case's arrays, in their dtypes."""
-    if isinstance(implementation, str):
-        implementation = functools.partial(jaxtile.flash_attention, implementation=implementation)
+    ``(out, lse, dq, dk, dv)`` on the case's arrays, in their dtypes (a paged case
+    through `jaxtile.paged_attention`, gradients with respect to the contiguous k, v)."""
     segment_ids = None
     if arrays["q_segment_ids"] is not None:
         segment_ids = (jnp.asarray(arrays["q_segment_ids"]), jnp.asarray(arrays["kv_segment_ids"]))
     mask = None if arrays["mask"] is None else jnp.asarray(arrays["mask"])
+    lengths = {
+        name: None if arrays[name] is None else jnp.asarray(arrays[name]) for name in ("q_lengths", "kv_lengths")
+    }
+    if case.page_size is not None:
+        attend = _paged_attend(case, arrays, implementation, lengths)
+    else:
+        if isinstance(implementation, str):
+            implementation = functools.partial(jaxtile.flash_attention, implementation=implementation)
 
-    def attend(q, k, v):
-        return implementation(
-            q,
-            k,
-            v,
-            segment_ids=segment_ids,
-            mask=mask,
-            block_q=case.block_q,
-            block_k=case.block_k,
-            return_lse=True,
-            **case.options(),
-        )
+        def attend(q, k, v):
+            return implementation(
+                q,
+                k,
+                v,
+                segment_ids=segment_ids,
+                mask=mask,
+                **lengths,
+                block_q=case.block_q,
+                block_k=case.block_k,
+                return_lse=True,
+                **case.options(),
+            )
 
     @jax.jit
     def run(q, k, v, dout, dlse):

@@ -75,6 +75,8 @@ BAD_INPUTS = [
         ValueError,
         "q_len=16, kv_len=24",
     ),
+    ("kv_lengths wrong shape", dict(kv_lengths=jnp.array([3, 4, 5])), ValueError, "shape (2,)"),
+    ("kv_lengths float", dict(kv_lengths=jnp.array([3.0, 4.0])), TypeError, "integer dtype"),
     ("mask not bool", dict(mask=jnp.ones((16, 24))), TypeError, "boolean"),
     ("mask int", dict(mask=jnp.ones((16, 24), jnp.int32)), TypeError, "int32"),
     ("mask does not broadcast", dict(mask=jnp.ones((16, 23), bool)), ValueError, "(16, 23)"),
@@ -139,7 +141,21 @@ def _call(changes: dict, *, abstract: bool = False):
     return jax.jit(attend)(traced) if traced else attend({})
 
 
-@pytest.mark.parametrize("what,changes,error,text", BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
+# Bad values of concrete arrays (traced ones cannot be checked: lengths are clipped).
+BAD_VALUES = [
+    (
+        "kv_lengths past the cache",
+        dict(kv_lengths=jnp.array([24, 25])),
+        ValueError,
+        "kv_lengths must lie in [0, 24]; got [25]",
+    ),
+    ("negative q_lengths", dict(q_lengths=jnp.array([-1, 3])), ValueError, "q_lengths must lie in [0, 16]; got [-1]"),
+]
+
+
+@pytest.mark.parametrize(
+    "what,changes,error,text", BAD_INPUTS + BAD_VALUES, ids=[b[0] for b in BAD_INPUTS + BAD_VALUES]
+)
 def test_bad_input_raises_clear_error(what, changes, error, text):
     with pytest.raises(error) as info:
         _call(changes)
@@ -236,3 +252,14 @@ def test_gradient_dtypes_follow_primals(impl):
 
 def test_default_implementation_on_cpu():
     _check_close(jaxtile.flash_attention(Q, K, V), _reference()(Q, K, V))
+
+
+def test_traced_lengths_are_clipped_to_the_sequence():
+    """Lengths under ``jit`` cannot be checked; they are clipped to ``[0, len]``, the
+    documented rule: the same result as the clipped concrete lengths."""
+    clipped = jaxtile.flash_attention(Q, K, V, causal=True, q_lengths=jnp.array([16, 0]), kv_lengths=jnp.array([24, 3]))
+    traced = jax.jit(lambda q, kv: jaxtile.flash_attention(Q, K, V, causal=True, q_lengths=q, kv_lengths=kv))(
+        jnp.array([99, -4]), jnp.array([30, 3])
+    )
+    np.testing.assert_allclose(np.asarray(traced), np.asarray(clipped), rtol=1e-6, atol=1e-6)
+    assert not np.asarray(traced[1]).any(), "a sequence of no queries has only padding rows (0)"

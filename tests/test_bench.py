@@ -328,3 +328,118 @@ def test_ab_runs_each_version_from_its_own_directory(tmp_path):
         state = json.loads(done.stdout)
         assert state["jaxtile_file"] == str(where / "jaxtile" / "__init__.py")
         assert state["commit"] == (head.stdout.strip() if label == "ref" else None) == described["commit"]
+
+
+def test_decode_smoke_run_on_cpu(tmp_path):
+    """``python -m bench.decode --smoke``: every layout and implementation has a row with
+    its bytes, bandwidth and ratios; cuDNN, absent on CPU, is recorded as unsupported."""
+    from bench import decode
+
+    out = tmp_path / "decode.json"
+    command = [sys.executable, "-m", "bench.decode", "--smoke", "--out", str(out)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(out.read_text())
+    assert {"git", "device", "versions", "date", "copy_bandwidth_gbs", "rows"} <= results.keys()
+    assert {"commit", "dirty"} <= results["git"].keys() and {"jax", "jaxlib"} <= results["versions"].keys()
+    assert results["copy_bandwidth_gbs"] > 0
+    rows = {(r["layout"], r["impl"]): r for r in results["rows"]}
+    assert set(rows) == {(layout, "jaxtile") for layout in decode.LAYOUTS} | {("dense", "cudnn"), ("ragged", "cudnn")}
+    case = decode.SMOKE[0]
+    assert rows["dense", "jaxtile"]["bytes"] == case.moved_bytes([case.kv_len] * case.batch)
+    for (layout, impl), row in rows.items():
+        if impl == "cudnn":
+            assert row["status"] == "unsupported" and "cuDNN" in row["error"]
+            continue
+        assert row["status"] == "ok" and 0 < row["ms_lo"] <= row["ms"] <= row["ms_hi"], row
+        assert row["gbs"] == pytest.approx(row["bytes"] / row["ms"] / 1e6)
+        assert row["of_copy"] == pytest.approx(row["gbs"] / results["copy_bandwidth_gbs"])
+        assert row["vs_cudnn"] is None
+        if layout.startswith("paged"):
+            assert row["bytes"] == rows["ragged", impl]["bytes"] < rows["dense", impl]["bytes"]
+            assert row["vs_contiguous"] == pytest.approx(rows["ragged", impl]["ms"] / row["ms"])
+        assert ("targets" in row) == (impl == "jaxtile")
+    assert decode.render(results).splitlines()[2] in done.stdout  # the table's header
+
+
+def test_decode_moves_the_filled_cache_once():
+    """Bytes of a decode step: q and the output, and K and V up to each sequence's length."""
+    from bench import decode
+
+    case = decode.Case(batch=2, q_len=4, kv_len=64, heads=4, kv_heads=2, head_dim=8, dtype="bfloat16")
+    queries = 2 * (2 * 4 * 4 * 8) * 2  # q and out, 2 bytes each
+    assert case.moved_bytes([10, 64]) == queries + 2 * (10 + 64) * 2 * 8 * 2
+    assert case.moved_bytes([64, 64]) == queries + 2 * (2 * 64) * 2 * 8 * 2
+    lengths = decode._kv_lengths(decode.CASES[0])
+    assert lengths.shape == (8,) and (lengths >= 16384).all() and (lengths <= 32768).all()
+
+
+def test_decode_pages_hold_the_contiguous_cache():
+    """The paged layouts' pages, gathered through the page table, are the contiguous cache."""
+    from bench import decode
+
+    case = decode.Case(batch=3, q_len=1, kv_len=64, heads=2, kv_heads=2, head_dim=4, dtype="float32")
+    k = decode._inputs(case)[1]
+    for page_size in decode.PAGE_SIZES:
+        table = decode._page_table(case, page_size)
+        assert sorted(table.ravel()) == list(range(case.batch * case.kv_len // page_size))
+        pages = np.asarray(decode._to_pages(k, table))
+        assert pages.shape == (case.kv_heads, table.size, page_size, case.head_dim)
+        gathered = pages[:, table].reshape(case.kv_heads, case.batch, case.kv_len, case.head_dim)
+        np.testing.assert_array_equal(gathered.transpose(1, 2, 0, 3), np.asarray(k))
+
+
+def test_decode_table_judges_the_issue_targets(monkeypatch):
+    """Ratios to cuDNN (its ragged time for paged rows) and to the ragged contiguous cache,
+    the targets met or missed, and the Markdown table."""
+    from bench import decode
+
+    ms = {("dense", "jaxtile"): 1.0, ("dense", "cudnn"): 1.5, ("ragged", "jaxtile"): 1.0}
+    ms |= {("ragged", "cudnn"): 0.9, ("paged16", "jaxtile"): 1.05}
+    timings = iter(ms.get(key) for layout in decode.LAYOUTS for key in ((layout, "jaxtile"), (layout, "cudnn")))
+
+    def timed(attend, args, budget_s):
+        took = next(timings)
+        return {"status": "ok", "ms": took, "ms_lo": took, "ms_hi": took} if took else _worker.failure(ValueError("no"))
+
+    assert list(decode._attends("ragged", ["reference"], None)) == ["jaxtile", "reference", "cudnn"]
+    assert list(decode._attends("paged16", ["reference"], None)) == ["jaxtile", "reference"]
+    monkeypatch.setattr(decode, "_timed", timed)
+    case = decode.Case(batch=2, q_len=1, kv_len=64, heads=2, kv_heads=1, head_dim=4, dtype="float32")
+    dense_gbs = case.moved_bytes([64, 64]) / 1e6
+    lines = []
+    rows = decode.run([case], [], 0.1, copy_gbs=dense_gbs / 0.9, emit=lines.append)
+    assert [(r["layout"], r["impl"], r["status"]) for r in rows] == [
+        ("dense", "jaxtile", "ok"),
+        ("dense", "cudnn", "ok"),
+        ("ragged", "jaxtile", "ok"),
+        ("ragged", "cudnn", "ok"),
+        ("paged16", "jaxtile", "ok"),
+        ("paged64", "jaxtile", "error"),
+    ]
+    verdicts = [{metric: t["met"] for metric, t in r["targets"].items()} for r in rows if r["impl"] == "jaxtile"]
+    assert verdicts == [
+        {"of_copy": True, "vs_cudnn": True},
+        {"of_copy": False, "vs_cudnn": False},
+        {"vs_contiguous": True},
+        {"vs_contiguous": False},  # no number
+    ]
+    assert decode._goals({"layout": "ragged", "q_len": 16}) == {"vs_cudnn": 1.2}
+    assert rows[4]["vs_cudnn"] == pytest.approx(0.9 / 1.05) and rows[4]["vs_contiguous"] == pytest.approx(1 / 1.05)
+    results = dict(
+        git={"commit": "0123456789abcdef", "dirty": True},
+        device="NVIDIA H100",
+        versions={"jax": "0.11.2", "jaxlib": "0.11.2"},
+        date="2026-11-23T10:00:00+00:00",
+        copy_bandwidth_gbs=dense_gbs / 0.9,
+        rows=rows,
+    )
+    text = decode.render(results)
+    assert "jaxtile at commit `0123456789ab` (with uncommitted changes)" in text
+    assert lines == text.splitlines()[4:-2]  # the rows, printed as they are measured
+    assert (
+        "| b2_q1_kv64 | dense | jaxtile | 1.000 | 0.0 | 0 | 0.90 | 1.50 | — | copy ≥ 0.85 ok, cuDNN ≥ 1.00 ok |" in text
+    )
+    assert "| b2_q1_kv64 | paged16 | jaxtile | 1.050 |" in text and "| 0.86 | 0.95 | contiguous ≥ 0.91 ok |" in text
+    assert "| b2_q1_kv64 | paged64 | jaxtile | error |" in text and "| ValueError: no |" in text
+    assert text.endswith("jaxtile's default met 3 of 6 targets (3 missed, 0 without a peer's number).\n")

@@ -13,6 +13,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import jaxtile
+from jaxtile import registry
 from jaxtile.triton import tuning
 from parity.case import Case
 from parity.compare import TOLERANCES, compare
@@ -112,5 +113,59 @@ EXTREMES = [
 @pytest.mark.parametrize("case", EXTREMES, ids=lambda c: c.name)
 @pytest.mark.parametrize("implementation", ["pallas_v2", "pallas_v1"])
 def test_kernels_compile_and_are_exact_at_the_extremes(case, implementation):
+    result = run_case(case, implementation, device="cpu")
+    assert result.ok, result.describe()
+
+
+# Decode steps at the sizes they run at: long caches filled to different lengths (the
+# split-KV kernel shares them out over many programs), GQA and MQA, a window, the head
+# dims and dtypes at both ends.
+DECODE = [
+    Case(
+        "decode_gqa_32k",
+        batch=(2,),
+        q_len=1,
+        kv_len=32768,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        dtype="bfloat16",
+        lengths="kv",
+    ),
+    Case(
+        "decode_chunk16_32k",
+        batch=(2,),
+        q_len=16,
+        kv_len=32768,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        dtype="bfloat16",
+        causal=True,
+        lengths="ragged",
+    ),
+    Case(
+        "decode_mqa_window",
+        batch=(3,),
+        q_len=3,
+        kv_len=5000,
+        num_heads=16,
+        num_kv_heads=1,
+        head_dim=80,
+        dtype="float16",
+        causal=True,
+        window=(1000, 0),
+        lengths="kv",
+    ),
+    Case(
+        "decode_d256_f32", batch=(2,), q_len=1, kv_len=3000, num_heads=4, num_kv_heads=2, head_dim=256, dtype="float32"
+    ),
+]
+NATIVE = [i.name for i in registry.implementations() if "gpu" in i.platforms]
+
+
+@pytest.mark.parametrize("case", DECODE, ids=lambda c: c.name)
+@pytest.mark.parametrize("implementation", NATIVE)
+def test_decode_at_scale(case, implementation):
     result = run_case(case, implementation, device="cpu")
     assert result.ok, result.describe()

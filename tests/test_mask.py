@@ -175,3 +175,43 @@ def test_packed_documents_visit_only_their_own_tiles():
     visited = _check_runtime_spans(spec, vis, tile, tile, dict(q_segment_ids=ids, kv_segment_ids=ids))
     per_doc = n // docs // tile
     assert visited == docs * per_doc * (per_doc + 1) // 2
+
+
+@pytest.mark.parametrize("q_len,kv_len,causal,window,bq,bk", CONFIGS[1::9])
+def test_length_spans_cover_exactly_the_visible_tiles(q_len, kv_len, causal, window, bq, bk):
+    """Per-sequence lengths (one sequence full, one empty, the others random) with
+    positions aligned to them: both loop directions against brute force."""
+    rng = np.random.default_rng(q_len * 1000 + kv_len + 2)
+    spec = MaskSpec.create(q_len, kv_len, causal=causal, window=window, has_lengths=True)
+    q_lengths = np.concatenate([[q_len, q_len], rng.integers(0, q_len + 1, size=3)]).astype(np.int32)
+    kv_lengths = np.concatenate([[kv_len, 0], rng.integers(0, kv_len + 1, size=3)]).astype(np.int32)
+    lengths = np.stack([q_lengths, kv_lengths], axis=-1)
+    vis = np.asarray(
+        spec.visible(
+            np.arange(q_len)[None, :, None],
+            np.arange(kv_len)[None, None, :],
+            lengths=(q_lengths[:, None, None], kv_lengths[:, None, None]),
+        )
+    )[:, None]
+    for b in range(len(lengths)):
+        pos = np.arange(q_len)[:, None] + kv_lengths[b] - q_lengths[b]
+        keys = np.arange(kv_len)[None, :]
+        expected = (np.arange(q_len)[:, None] < q_lengths[b]) & (keys < kv_lengths[b])
+        left, right = spec.left, spec.right
+        expected &= True if left is None else keys >= pos - left
+        expected &= True if right is None else keys <= pos + right
+        np.testing.assert_array_equal(vis[b, 0], expected)
+    _check_runtime_spans(spec, vis, bq, bk, dict(lengths=lengths))
+
+
+def test_decode_over_a_partly_filled_cache_visits_only_its_tiles():
+    """One query per sequence over caches filled to 100 and 1000 of 4096 keys visits
+    ceil(length / block) key tiles each, not 4096 / block, and only the last one masked
+    (the padding rows of a 16-row tile of one query are never stored)."""
+    spec = MaskSpec.create(1, 4096, causal=True, has_lengths=True)
+    lengths = np.array([[1, 100], [1, 1000]], np.int32)
+    bounds = np.asarray(spec.tile_bounds(16, 64, lengths=lengths))
+    for b, kv_length in enumerate((100, 1000)):
+        spans = spec.kv_spans(0, 16, 64, bounds[b, 0, 0])
+        assert sum(int(s.stop) - int(s.start) for s in spans) == -(-kv_length // 64)
+        assert sum(int(s.stop) - int(s.start) for s in spans if not s.masked) == kv_length // 64

@@ -12,12 +12,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import jaxtile
 from jaxtile import registry
+from jaxtile._core import Config, Inputs
+from jaxtile._softmax import Logits
+from jaxtile.mask import MaskSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -137,3 +141,21 @@ def test_parity_and_bench_run_it(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     records = json.loads((tmp_path / "bench" / "results.json").read_text())["measurements"]
     assert records and {r["status"] for r in records} == {"ok"} and {r["impl"] for r in records} == {"toy_reference"}
+
+
+def test_short_queries_on_a_gpu_default_to_split_kv_decoding():
+    """The default on a GPU: the decode family (declared for q_len <= its max_q_len, and
+    faster there) for a decode step, pallas_v2 beyond; explicitly asked beyond its
+    q_len, the decode family names the implementations that can run the call."""
+
+    def call(q_len: int):
+        q = jax.ShapeDtypeStruct((2, q_len, 8, 64), jnp.bfloat16)
+        kv = jax.ShapeDtypeStruct((2, 4096, 2, 64), jnp.bfloat16)
+        return Inputs(q, kv, kv), Config(MaskSpec.create(q_len, 4096, causal=True), Logits(0.125), platform="gpu")
+
+    decode = registry.get("pallas_decode")
+    assert registry.choose(*call(1)) is decode
+    assert registry.choose(*call(decode.max_q_len)) is decode
+    assert registry.choose(*call(decode.max_q_len + 1)).name == "pallas_v2"
+    with pytest.raises(registry.Unsupported, match=r"q_len up to 16; got q_len=17.*'pallas_v2'"):
+        registry.check(decode, *call(17))

@@ -57,7 +57,12 @@ def _check_ring(mesh: Mesh, implementation: str, *, causal: bool, num_kv_heads: 
         return jaxtile.ring_attention(q, k, v, axis_name="seq", segment_ids=segment_ids, **options)
 
     def whole(q, k, v, segment_ids):
-        return jaxtile.flash_attention(q, k, v, segment_ids=segment_ids, **options)
+        # The same implementation where its record takes whole sequences (a decode kernel
+        # takes only a shard's few queries); the default one otherwise.
+        takes = registry.get(implementation).max_q_len is None
+        return jaxtile.flash_attention(
+            q, k, v, segment_ids=segment_ids, **options | {"implementation": implementation if takes else None}
+        )
 
     in_specs = (dict.fromkeys(arrays, seq_spec) | {"dlse": lse_spec}, P() if segment_ids is None else seq_spec)
     sharded = jax.jit(

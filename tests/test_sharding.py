@@ -7,7 +7,7 @@ dK and dV over head shards when several devices share one kv head (MQA, or GQA w
 head shards than kv heads). Results must equal the unsharded computation.
 
 The checks run on 8 CPU host devices in a subprocess (see ``host_devices``), for every
-implementation whose module exists (Pallas ones in interpret mode).
+implementation whose record takes the call (Pallas ones in interpret mode).
 """
 
 from __future__ import annotations
@@ -23,32 +23,41 @@ from jax.sharding import PartitionSpec as P
 
 import jaxtile
 from jaxtile import registry
+from jaxtile._core import Shape
 from parity.compare import TOLERANCES, compare
 
 GATHERS = ("all-gather", "collective-permute", "all-to-all")
 BATCH, LEN, HEADS, DIM = 4, 32, 8, 16
 
 
-def _available() -> list[str]:
-    return list(registry.names())
+def _taking(num_kv_heads: int = HEADS, q_len: int = LEN, features: frozenset[str] = frozenset({"causal"})):
+    """The records that take a float32 call of the test shape here."""
+    shape = Shape(BATCH, q_len, LEN, HEADS, num_kv_heads, DIM, DIM, 4)
+    features |= {"gqa"} if num_kv_heads != HEADS else set()
+    platform = jax.default_backend()
+    return [i for i in registry.implementations() if i.can_run(shape, "float32", features, platform) is None]
 
 
-def _interpreted() -> list[str]:
+def _available(**call) -> list[str]:
+    return [i.name for i in _taking(**call)]
+
+
+def _interpreted(**call) -> list[str]:
     """Implementations that run here as interpreted Pallas kernels: opaque to XLA's
     partitioner, so they are what `custom_partitioning` must get right."""
-    return [i.name for i in registry.implementations() if jax.default_backend() not in i.platforms]
+    return [i.name for i in _taking(**call) if jax.default_backend() not in i.platforms]
 
 
 def _mesh() -> Mesh:
     return Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "model"))
 
 
-def _arrays(num_kv_heads: int, seed: int = 0):
+def _arrays(num_kv_heads: int, seed: int = 0, q_len: int = LEN):
     rng = np.random.default_rng(seed)
-    q = rng.standard_normal((BATCH, LEN, HEADS, DIM))
+    q = rng.standard_normal((BATCH, q_len, HEADS, DIM))
     k = rng.standard_normal((BATCH, LEN, num_kv_heads, DIM))
     v = rng.standard_normal((BATCH, LEN, num_kv_heads, DIM))
-    dout = rng.standard_normal((BATCH, LEN, HEADS, DIM))
+    dout = rng.standard_normal((BATCH, q_len, HEADS, DIM))
     return tuple(jnp.asarray(x, jnp.float32) for x in (q, k, v, dout))
 
 
@@ -71,11 +80,11 @@ def _assert_matches(got, expected, what: str):
         assert error.ok, f"{what}: {name} differs from the unsharded result: {error}"
 
 
-def _check_jit(implementation: str, num_kv_heads: int, kv_spec: P, **options):
+def _check_jit(implementation: str, num_kv_heads: int, kv_spec: P, q_len: int = LEN, **options):
     """Sharded jit: same values and shardings as unsharded, and no gather of q, k, v."""
     mesh = _mesh()
     q_spec = P("data", None, "model")
-    args = _arrays(num_kv_heads)
+    args = _arrays(num_kv_heads, q_len=q_len)
     fn = _forward_backward(implementation, **options)
     expected = jax.jit(fn)(*args)
     specs = (q_spec, kv_spec, kv_spec, q_spec)
@@ -101,15 +110,21 @@ def check_jit_batch_and_heads_every_implementation():
 
 def check_jit_grouped_kv_heads_split_over_devices():
     # 4 kv heads over 4 head shards: every device holds the kv head of its 2 query heads.
-    for implementation in ("scan_v2", *_interpreted()):
+    for implementation in ("scan_v2", *_interpreted(num_kv_heads=4, features=frozenset({"window"}))):
         _check_jit(implementation, 4, P("data", None, "model"), window=(5, 3))
+
+
+def check_jit_decode_every_implementation():
+    # A few new queries against the whole cache, GQA: what decode kernels run.
+    for implementation in _available(num_kv_heads=4, q_len=4):
+        _check_jit(implementation, 4, P("data", None, "model"), q_len=4, causal=True)
 
 
 def check_jit_kv_heads_shared_by_head_shards():
     # MQA, and 2 kv heads over 4 head shards: k, v replicated over "model"; each device
     # uses one kv head, and dK, dV are summed over the head shards.
     _check_jit("scan_v2", 2, P("data"), causal=True)
-    for implementation in _interpreted():
+    for implementation in _interpreted(num_kv_heads=1):
         _check_jit(implementation, 1, P("data"), causal=True)
 
 
@@ -126,7 +141,7 @@ def check_jit_with_gspmd_partitioner():
 def _check_vma(implementation: str) -> bool:
     """Pallas interpret mode runs kernels in a while loop whose carries drop the inputs'
     varying mesh axes (a JAX interpreter limitation; compiled kernels keep them)."""
-    return implementation not in _interpreted()
+    return jax.default_backend() in registry.get(implementation).platforms
 
 
 def check_shard_map():
@@ -163,7 +178,8 @@ def check_explicit_sharding_in_types():
     q_spec = P("data", None, "model")
     for num_kv_heads, kv_spec in ((HEADS, q_spec), (4, q_spec), (1, P("data"))):
         args = _arrays(num_kv_heads, seed=3)
-        for implementation in _available() if num_kv_heads == HEADS else ("scan_v2", *_interpreted()):
+        taking = _available() if num_kv_heads == HEADS else ("scan_v2", *_interpreted(num_kv_heads=num_kv_heads))
+        for implementation in taking:
             fn = _forward_backward(implementation, causal=True)
             what = f"{implementation}, {num_kv_heads} kv heads sharded {kv_spec} in types"
             specs = (q_spec, kv_spec, kv_spec, q_spec)

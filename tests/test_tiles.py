@@ -11,6 +11,7 @@ import pytest
 
 from jaxtile._core import Shape
 from jaxtile.triton import _kernel as pk
+from jaxtile.triton import decode
 from jaxtile.triton import v1 as pallas_v1
 from jaxtile.triton import v2 as pallas_v2
 from jaxtile.triton.tuning import MASK_KINDS, KernelTuning, default_tuning
@@ -138,3 +139,19 @@ def test_dkdv_splits_a_group_over_programs_exactly(monkeypatch, min_programs):
     finally:
         jax.clear_caches()
     assert result.ok, result.describe()
+
+
+@pytest.mark.parametrize("batch,kv_len", [(1, 131072), (8, 32768), (64, 4096), (2, 100)])
+def test_decode_shares_the_cache_out_to_fill_the_gpu(batch, kv_len):
+    """Split-KV decoding (GQA 32:8, one query): enough programs for a few per SM, unless
+    shares would fall below the fewest key tiles worth merging."""
+    dims = Shape(batch, 1, kv_len, 32, 8, 128, 128, 2)
+    tiles = pk.Tiles.fit(
+        KernelTuning(64, 64, 4, 3), dims, jnp.bfloat16, pallas_v2._FORWARD, LIMITS["sm90"], packable=True
+    )
+    assert tiles.pack == 4, "the four query heads of a group share each K/V tile"
+    splits = decode.num_splits(dims, tiles)
+    programs = batch * dims.num_kv_heads * splits
+    per_share = -(-tiles.num_kv_tiles(dims) // splits)
+    assert per_share >= decode._MIN_TILES or splits == 1
+    assert programs >= decode._TARGET_PROGRAMS or per_share < 2 * decode._MIN_TILES

@@ -42,9 +42,10 @@ from jaxtile._core import Attention, Backward, Config, Forward, Inputs, differen
 
 # What each argument and result of a pass is, spelled by its dimensions: b batch, q query
 # rows, t key rows, h query heads, k kv heads, d and e head dims. Softmax statistics are
-# "rows" ([batch, num_heads, ...]); the dense mask is [1|batch, 1|num_heads, 1|q, 1|t].
-_SEQ_Q, _SEQ_K, _IDS_Q, _IDS_K, _MASK, _ROWS = "bqhd", "btkd", "bq", "bt", "mask", "rows"
-_INPUTS = Inputs(_SEQ_Q, _SEQ_K, _SEQ_K, _IDS_Q, _IDS_K, _MASK)
+# "rows" ([batch, num_heads, ...]); the dense mask is [1|batch, 1|num_heads, 1|q, 1|t];
+# the lengths are [batch, 2] (z: the pair).
+_SEQ_Q, _SEQ_K, _IDS_Q, _IDS_K, _MASK, _ROWS, _LENGTHS = "bqhd", "btkd", "bq", "bt", "mask", "rows", "bz"
+_INPUTS = Inputs(_SEQ_Q, _SEQ_K, _SEQ_K, _IDS_Q, _IDS_K, _MASK, _LENGTHS)
 
 
 def _axes(entry) -> tuple[str, ...]:

@@ -91,7 +91,7 @@ def _forward(inputs: Inputs, ring: _Ring):
 
     def attend(config, kv, acc):
         out, lse, _ = ring.implementation.forward(_block(inputs, kv), config)
-        return sm.merge(*acc, out, lse)
+        return sm.merge(jnp.stack([acc[0], out.astype(jnp.float32)]), jnp.stack([acc[1], lse]))
 
     def step(s, carry):
         kv, acc = carry
@@ -133,7 +133,7 @@ def _ring_bwd(ring: _Ring, residuals, cotangents):
     acc = (f32(inputs.q), (f32(inputs.k), f32(inputs.v)))
     kv = (inputs.k, inputs.v, inputs.kv_segment_ids)
     _, (dq, (dk, dv)) = lax.fori_loop(0, ring.size, step, (kv, acc))
-    return (Inputs(dq.astype(inputs.q.dtype), dk.astype(inputs.k.dtype), dv.astype(inputs.v.dtype), None, None, None),)
+    return (Inputs(dq.astype(inputs.q.dtype), dk.astype(inputs.k.dtype), dv.astype(inputs.v.dtype)),)
 
 
 _ring.defvjp(_ring_fwd, _ring_bwd)

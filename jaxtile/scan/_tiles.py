@@ -63,6 +63,7 @@ class Tiled(NamedTuple):
     k: ``[batch, kv_heads, kv_padded, head_dim]``; v likewise with ``head_dim_v``.
     q_segment_ids / kv_segment_ids: ``[batch, q_padded]`` / ``[batch, kv_padded]``.
     mask: ``[1|batch, 1|kv_heads, 1|group, 1|q_padded, 1|kv_padded]``.
+    lengths: ``[batch, 2]`` ``(q_length, kv_length)``.
     """
 
     q: jax.Array
@@ -71,6 +72,7 @@ class Tiled(NamedTuple):
     q_segment_ids: jax.Array | None
     kv_segment_ids: jax.Array | None
     mask: jax.Array | None
+    lengths: jax.Array | None
 
 
 def _pad_axis(x, axis: int, size: int, value=0):
@@ -133,6 +135,7 @@ def tile(inputs: Inputs, tiling: Tiling) -> Tiled:
         seg(inputs.q_segment_ids, tiling.q_padded),
         seg(inputs.kv_segment_ids, tiling.kv_padded),
         mask,
+        inputs.lengths,
     )
 
 
@@ -146,6 +149,7 @@ def tile_bounds(inputs: Inputs, spec: MaskSpec, tiling: Tiling, *, transposed: b
         q_segment_ids=inputs.q_segment_ids,
         kv_segment_ids=inputs.kv_segment_ids,
         dense=inputs.mask,
+        lengths=inputs.lengths,
     )
     return None if bounds is None else uniform_bounds(bounds)
 
@@ -163,7 +167,9 @@ def rows(x, index, block: int, axis: int):
 def visible(spec: MaskSpec, x: Tiled, tiling: Tiling, q_tile, kv_tile):
     """Element-wise mask of one tile pair, ``[1|batch, 1|kv_heads, 1|group, block_q, block_k]``."""
     bq, bk = tiling.block_q, tiling.block_k
-    q_seg = kv_seg = dense = None
+    q_seg = kv_seg = dense = lengths = None
+    if spec.has_lengths:
+        lengths = (x.lengths[:, 0, None, None, None, None], x.lengths[:, 1, None, None, None, None])
     if spec.has_segments:
         q_seg = rows(x.q_segment_ids, q_tile, bq, 1)[:, None, None, :, None]
         kv_seg = rows(x.kv_segment_ids, kv_tile, bk, 1)[:, None, None, None, :]
@@ -179,6 +185,7 @@ def visible(spec: MaskSpec, x: Tiled, tiling: Tiling, q_tile, kv_tile):
         q_segment=q_seg,
         kv_segment=kv_seg,
         dense=dense,
+        lengths=lengths,
     )
     return vis.reshape((1,) * (5 - vis.ndim) + vis.shape)
 

@@ -208,6 +208,25 @@ def load_tile(ref, b, h, start, block: int, length: int, dim: int, *, ragged: bo
     return view[...] if mask is None else plgpu.load(view, mask=mask, other=0.0)
 
 
+@dataclasses.dataclass(frozen=True)
+class Pages:
+    """Keys and values in a pool of pages, ``[num_kv_heads, num_pages, page_size, dim]``,
+    that sequence ``b`` reads through row ``b`` of a page table ``[batch,
+    pages_per_sequence]`` (the layout of vLLM and of JAX's TPU paged attention). Key
+    tiles never straddle a page: ``block_k`` divides ``page_size``."""
+
+    page_size: int
+    num_pages: int
+
+    def load(self, ref, table, b, h, start, block: int, length: int, dim: int, *, ragged: bool):
+        """`load_tile` of the sequence's keys ``start:start+block``, through the table
+        (an index out of the pool is clipped into it, never read out of bounds)."""
+        page = jnp.clip(table[b, lax.div(start, self.page_size)], 0, self.num_pages - 1)
+        mask = _and((start + _iota(block) < length)[:, None] if ragged else None, _in_dims(ref.shape[-1], dim))
+        view = ref.at[h, page, pl.ds(lax.rem(start, self.page_size), block), :]
+        return view[...] if mask is None else plgpu.load(view, mask=mask, other=0.0)
+
+
 def store_tile(ref, b, h, start, value, length: int, dim: int):
     """Stores ``value [block, dim_p]`` into ``ref[b, start:start+block, h, :dim]``."""
     block, dim_p = value.shape
@@ -278,11 +297,12 @@ def load_bounds(ref, b, h, tile):
 
 @dataclasses.dataclass(frozen=True)
 class RuntimeMask:
-    """The runtime arrays of the mask (segment ids, dense mask, tile bounds) as refs."""
+    """The runtime arrays of the mask (segment ids, dense mask, lengths, tile bounds) as refs."""
 
     q_segment_ids: object = None
     kv_segment_ids: object = None
     dense: object = None
+    lengths: object = None
     bounds: object = None
 
     def spans(self, spec: MaskSpec, b, h, tile, along_q: bool, block_q: int, block_k: int):
@@ -304,7 +324,9 @@ class RuntimeMask:
         # Rows past q_len are never stored (forward, dQ) or contribute zeros (dK/dV:
         # they load as zeros with lse = +inf), so only a ragged key tail needs hiding.
         check_bounds = spec.kv_len % block_k != 0
-        q_seg = kv_seg = dense = None
+        q_seg = kv_seg = dense = lengths = None
+        if spec.has_lengths:
+            lengths = (self.lengths[b, 0], self.lengths[b, 1])
         if spec.has_segments:
             q_seg = plgpu.load(self.q_segment_ids.at[b, pl.ds(q_start, n)], mask=positions < spec.q_len, other=-1)
             if pack > 1:
@@ -321,6 +343,7 @@ class RuntimeMask:
                 q_segment=None if q_seg is None else q_seg[None, :],
                 kv_segment=None if kv_seg is None else kv_seg[:, None],
                 dense=dense,
+                lengths=lengths,
                 check_bounds=check_bounds,
             )
         return spec.visible(
@@ -329,6 +352,7 @@ class RuntimeMask:
             q_segment=None if q_seg is None else q_seg[:, None],
             kv_segment=None if kv_seg is None else kv_seg[None, :],
             dense=dense,
+            lengths=lengths,
             check_bounds=check_bounds,
         )
 
@@ -359,6 +383,8 @@ def runtime_inputs(inputs: Inputs) -> list[jax.Array]:
         arrays += [inputs.q_segment_ids, inputs.kv_segment_ids]
     if inputs.mask is not None:
         arrays.append(inputs.mask)
+    if inputs.lengths is not None:
+        arrays.append(inputs.lengths)
     return arrays
 
 
@@ -372,6 +398,7 @@ def tile_bounds(inputs: Inputs, spec: MaskSpec, block_q: int, block_k: int, *, t
         q_segment_ids=inputs.q_segment_ids,
         kv_segment_ids=inputs.kv_segment_ids,
         dense=inputs.mask,
+        lengths=inputs.lengths,
     )
     return [] if bounds is None else [bounds]
 
@@ -384,6 +411,8 @@ def split_refs(refs: Sequence, num_leading: int, spec: MaskSpec):
         runtime = dataclasses.replace(runtime, q_segment_ids=rest.pop(0), kv_segment_ids=rest.pop(0))
     if spec.has_dense_mask:
         runtime = dataclasses.replace(runtime, dense=rest.pop(0))
+    if spec.has_lengths:
+        runtime = dataclasses.replace(runtime, lengths=rest.pop(0))
     if not spec.is_structured:
         runtime = dataclasses.replace(runtime, bounds=rest.pop(0))
     return leading, runtime, rest

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -32,7 +33,8 @@ from jax import lax
 
 from jaxtile import _softmax as sm
 from jaxtile import registry
-from jaxtile._core import AUTOTUNE, Config, Inputs, Shape, differentiable
+from jaxtile._core import AUTOTUNE, Config, Inputs, Shape, differentiable, gather_pages
+from jaxtile.mask import cdiv
 from jaxtile.triton import _kernel as pk
 from jaxtile.triton import tuning as tn
 
@@ -67,7 +69,7 @@ def _measure(inputs: Inputs, config: Config, tuning: tn.Tuning) -> tuple[float, 
     attention = differentiable(_forward, _backward)
 
     def run(q, k, v):
-        return attention(Inputs(q, k, v, *segments, mask), config)
+        return attention(Inputs(q, k, v, *segments, mask, inputs.lengths), config)
 
     try:
         forward = jax.jit(run)
@@ -92,33 +94,54 @@ def _packable(inputs: Inputs) -> bool:
     return inputs.mask is None or inputs.mask.shape[1] == 1
 
 
-def _forward_kernel(*refs, kernel: pk.Kernel):
-    """Algorithm 1 for one (query tile, batch, packed heads)."""
-    (q_ref, k_ref, v_ref), runtime, (o_ref, lse_ref) = pk.split_refs(refs, 3, kernel.config.mask)
+def _forward_kernel(*refs, kernel: pk.Kernel, splits: int, pages: pk.Pages | None):
+    """Algorithm 1 for one (query tile, batch, packed heads) — and, with ``splits`` > 1,
+    one of ``splits`` equal shares of its key tiles (split-KV decoding: the partial
+    results of the shares merge by their lse, `jaxtile._softmax.merge`). With ``pages``,
+    K and V are page pools read through a page table (the ref after them)."""
+    (q_ref, k_ref, v_ref, *table), runtime, (o_ref, lse_ref) = pk.split_refs(
+        refs, 3 + (pages is not None), kernel.config.mask
+    )
     spec, logits, dims, tiles = kernel.config.mask, kernel.config.logits, kernel.dims, kernel.tiles
     n, bk = tiles.positions, tiles.block_k
-    t, b, hb = pk.program_ids(tiles.num_q_tiles(dims), dims.num_heads // tiles.pack, spec.right is not None)
+    t, part, hb = pk.program_ids(tiles.num_q_tiles(dims), dims.num_heads // tiles.pack, spec.right is not None)
+    # Outputs are [splits * batch, ...]: this program writes row `part` of its share.
+    b, share = (lax.rem(part, dims.batch), lax.div(part, dims.batch)) if splits > 1 else (part, 0)
     h0 = hb * tiles.pack
     h_kv = lax.div(h0, dims.group)
     q_start = t * n
     # Line 4: load Q_i (stays in registers); initialise O_i, l_i, m_i.
     q = pk.load_rows(q_ref, b, h0, q_start, tiles, dims.q_len, dims.head_dim, ragged=dims.q_len % n != 0)
+    load_kv = pk.load_tile if pages is None else functools.partial(pages.load, table=table[0])
 
     def body(masked, j, carry):
         acc, m_i, l_i = carry
         kv_start = j * bk
         # Lines 6-8: load K_j; S_ij = Q_i K_jᵀ. (Each tile is loaded just before its
         # first use, which lets Triton's pipeliner wait on K_j alone before the first dot.)
-        k_j = pk.load_tile(k_ref, b, h_kv, kv_start, bk, dims.kv_len, dims.head_dim, ragged=masked)
+        k_j = load_kv(
+            k_ref, b=b, h=h_kv, start=kv_start, block=bk, length=dims.kv_len, dim=dims.head_dim, ragged=masked
+        )
         pre = logits.pre(kernel.dot(q, k_j, trans_b=True))
         visible = runtime.visible(spec, b, h0, q_start, tiles, kv_start, bk) if masked else None
         # Lines 9-10: online softmax; O_i = diag(exp(m_old - m_new)) O_i + P_ij V_j.
         p, alpha, m_i, l_i = sm.online_softmax(pre, m_i, l_i, logits, visible, kernel.exp2)
-        v_j = pk.load_tile(v_ref, b, h_kv, kv_start, bk, dims.kv_len, dims.head_dim_v, ragged=masked)
+        v_j = load_kv(
+            v_ref, b=b, h=h_kv, start=kv_start, block=bk, length=dims.kv_len, dim=dims.head_dim_v, ragged=masked
+        )
         contained = None
         if masked:
             contained = pk.Contained(
-                row=lambda c: pk.load_tile(v_ref, b, h_kv, kv_start + c, 1, dims.kv_len, dims.head_dim_v, ragged=True),
+                row=lambda c: load_kv(
+                    v_ref,
+                    b=b,
+                    h=h_kv,
+                    start=kv_start + c,
+                    block=1,
+                    length=dims.kv_len,
+                    dim=dims.head_dim_v,
+                    ragged=True,
+                ),
                 seen=lambda c: runtime.visible(spec, b, h0, q_start, tiles, kv_start + c, 1),
                 count=bk,
             )
@@ -129,32 +152,71 @@ def _forward_kernel(*refs, kernel: pk.Kernel):
         jnp.full((tiles.block_q,), -jnp.inf, jnp.float32),
         jnp.zeros((tiles.block_q,), jnp.float32),
     )
+    per_share = cdiv(tiles.num_kv_tiles(dims), splits)
     for span in runtime.spans(spec, b, h0, t, False, n, bk):
+        if splits > 1:
+            span = span.within(share * per_share, share * per_share + per_share)
         carry = lax.fori_loop(span.start, span.stop, functools.partial(body, span.masked), carry)
     # Lines 12-13: normalise once; L_i = m_i + log(l_i).
     out, lse = sm.finalize(*carry)
-    pk.store_rows(o_ref, b, h0, q_start, out, tiles, dims.q_len, dims.head_dim_v)
-    pk.store_rows_stat(lse_ref, b, h0, q_start, lse, tiles, dims.q_len)
+    pk.store_rows(o_ref, part, h0, q_start, out, tiles, dims.q_len, dims.head_dim_v)
+    pk.store_rows_stat(lse_ref, part, h0, q_start, lse, tiles, dims.q_len)
+
+
+def forward_pass(
+    inputs: Inputs,
+    config: Config,
+    tuning: tn.KernelTuning,
+    *,
+    splits: Callable[[Shape, pk.Tiles], int] | None = None,
+    paged: tuple[jax.Array, jax.Array, jax.Array] | None = None,
+):
+    """The forward kernel: ``out [splits, batch, q_len, heads, dv]`` (the query's dtype
+    without splits, float32 partial results with them) and ``lse [splits, batch, heads,
+    q_len]``. ``splits(dims, tiles)`` gives the number of equal shares of the key tiles
+    (split-KV decoding; one without it). With ``paged = (k_pages, v_pages, page_table)``
+    (`pk.Pages`) the kernel reads K and V from the pages, and ``inputs.k``/``inputs.v``
+    only give the shape of the cache they hold (``[batch, pages_per_sequence ·
+    page_size, num_kv_heads, dim]``); pages that are not a power of two of at least 16
+    keys, which no key tile divides, are gathered into that cache first."""
+    pages = None
+    if paged is not None:
+        _, num_pages, page_size, _ = paged[0].shape
+        if page_size < pk.MIN_BLOCK or page_size & (page_size - 1):
+            k, v = (gather_pages(pool, paged[2]) for pool in paged[:2])
+            return forward_pass(inputs._replace(k=k, v=v), config, tuning, splits=splits)
+        pages = pk.Pages(page_size, num_pages)
+        tuning = dataclasses.replace(tuning, block_k=min(tuning.block_k, page_size))
+    kernel = pk.Kernel.create(inputs, config, tuning, _FORWARD, packable=_packable(inputs))
+    dims, tiles = kernel.dims, kernel.tiles
+    shares = 1 if splits is None else splits(dims, tiles)
+    bounds = pk.tile_bounds(inputs, config.mask, tiles.positions, tiles.block_k, transposed=False)
+    rows = shares * dims.batch
+    out, lse = pk.launch(
+        functools.partial(_forward_kernel, splits=shares, pages=pages),
+        kernel,
+        num_programs=tiles.num_q_tiles(dims) * rows * (dims.num_heads // tiles.pack),
+        inputs=[inputs.q, *(paged or (inputs.k, inputs.v)), *pk.runtime_inputs(inputs), *bounds],
+        outputs=[
+            jax.ShapeDtypeStruct(
+                (rows, dims.q_len, dims.num_heads, dims.head_dim_v), inputs.q.dtype if shares == 1 else jnp.float32
+            ),
+            jax.ShapeDtypeStruct((rows, dims.q_len, dims.num_heads), jnp.float32),
+        ],
+        name="jaxtile_fa2_forward" if shares == 1 else "jaxtile_split_kv_forward",
+    )
+    out = out.reshape(shares, dims.batch, *out.shape[1:])
+    return out, jnp.swapaxes(lse, 1, 2).reshape(shares, dims.batch, dims.num_heads, dims.q_len)
 
 
 def _forward(inputs: Inputs, config: Config):
-    tuning = _tuning(inputs, config).forward
-    kernel = pk.Kernel.create(inputs, config, tuning, _FORWARD, packable=_packable(inputs))
-    dims, tiles = kernel.dims, kernel.tiles
-    bounds = pk.tile_bounds(inputs, config.mask, tiles.positions, tiles.block_k, transposed=False)
-    out, lse = pk.launch(
-        _forward_kernel,
-        kernel,
-        num_programs=tiles.num_q_tiles(dims) * dims.batch * (dims.num_heads // tiles.pack),
-        inputs=[inputs.q, inputs.k, inputs.v, *pk.runtime_inputs(inputs), *bounds],
-        outputs=[
-            jax.ShapeDtypeStruct((dims.batch, dims.q_len, dims.num_heads, dims.head_dim_v), inputs.q.dtype),
-            jax.ShapeDtypeStruct((dims.batch, dims.q_len, dims.num_heads), jnp.float32),
-        ],
-        name="jaxtile_fa2_forward",
-    )
-    lse = jnp.swapaxes(lse, 1, 2)
-    return out, lse, lse
+    out, lse = forward_pass(inputs, config, _tuning(inputs, config).forward)
+    return out[0], lse[0], lse[0]
+
+
+def _paged_forward(inputs: Inputs, config: Config, paged):
+    out, lse = forward_pass(inputs, config, _tuning(inputs, config).forward, paged=paged)
+    return out[0], lse[0]
 
 
 def _group_splits(dims: Shape, tiles: pk.Tiles) -> int:
@@ -340,6 +402,7 @@ IMPLEMENTATION = registry.register(
         forward=_forward,
         backward=_backward,
         memory=lambda shape, block_q, block_k, backward: pk.memory(shape, fa1=False, backward=backward),
+        paged_forward=_paged_forward,
         platforms=frozenset({"gpu"}),
         interprets=frozenset({"cpu"}),
         max_head_dim=pk.MAX_HEAD_DIM,

@@ -1,0 +1,127 @@
+"""``implementation="pallas_decode"``: split-KV decoding (flash-decoding) with the
+FlashAttention-2 forward kernel, for queries of up to `MAX_Q_LEN` rows against a cache.
+
+A decode step has too few query tiles to fill a GPU: one program per (query tile,
+sequence, kv head) leaves most SMs idle while each reads a long cache. Here the key
+tiles of each program are cut into equal shares, one program per share (Dao et al.,
+"Flash-Decoding for long-context inference", 2023): each computes a partial output and
+lse over its share, with the query heads of a GQA group packed into its rows so that
+every K/V tile is read once per group, and XLA merges the shares by their lse
+(`jaxtile._softmax.merge`, as ring attention does). Shares past a sequence's length
+(`MaskSpec` lengths and masks) visit no tile and merge as empty.
+
+The backward pass is pallas_v2's, from the merged output and lse, so decode-time calls
+stay differentiable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from jaxtile import _softmax as sm
+from jaxtile import registry
+from jaxtile._core import AUTOTUNE, Config, Inputs, Shape
+from jaxtile.mask import cdiv
+from jaxtile.triton import _kernel as pk
+from jaxtile.triton import tuning as tn
+from jaxtile.triton import v2
+
+MAX_Q_LEN = 16
+# Programs to aim for: a few per SM of an H100/H200 (132 SMs), so that the last wave is short.
+_TARGET_PROGRAMS = 528
+# Fewest key tiles per share: below this, merging costs more than the parallelism gains.
+_MIN_TILES = 4
+# The forward kernel's launch parameters for 16-bit and float32 inputs.
+_DEFAULT = {2: tn.KernelTuning(64, 64, 4, 3), 4: tn.KernelTuning(64, 32, 4, 2)}
+_CANDIDATES = tuple(tn.KernelTuning(64, bk, 4, stages) for bk in (32, 64, 128) for stages in (2, 3, 4))
+
+
+def num_splits(dims: Shape, tiles: pk.Tiles) -> int:
+    """Shares of the key tiles: enough programs for `_TARGET_PROGRAMS`, each share at
+    least `_MIN_TILES` tiles."""
+    programs = tiles.num_q_tiles(dims) * dims.batch * (dims.num_heads // tiles.pack)
+    return max(1, min(cdiv(_TARGET_PROGRAMS, programs), tiles.num_kv_tiles(dims) // _MIN_TILES))
+
+
+def _tuning(inputs: Inputs, config: Config) -> tn.KernelTuning:
+    """The forward kernel's launch parameters: the user's, autotuned, or the default."""
+    if isinstance(config.tuning, tn.Tuning):
+        tuning = config.tuning.forward
+    elif config.tuning == AUTOTUNE and config.platform == "gpu":
+        return _autotuned(inputs, config)
+    else:
+        tuning = _DEFAULT[min(jnp.dtype(inputs.q.dtype).itemsize, 4)]
+    return dataclasses.replace(
+        tuning, block_q=config.block_q or tuning.block_q, block_k=config.block_k or tuning.block_k
+    )
+
+
+def _autotuned(inputs: Inputs, config: Config) -> tn.KernelTuning:
+    """The fastest of `_CANDIDATES` for this shape, timed once per process."""
+    dims = Shape.of(inputs.q, inputs.k, inputs.v)
+    key = ("decode", dims, inputs.q.dtype, config.mask, config.logits, config.block_q, config.block_k)
+    default = tn.default_tuning(pk.next_pow2(max(dims.head_dim, dims.head_dim_v)), inputs.q.dtype, "full")
+    options = tuple(
+        dataclasses.replace(default, forward=c).with_blocks(config.block_q, config.block_k) for c in _CANDIDATES
+    )
+
+    def measure(tuning: tn.Tuning) -> tuple[float, float]:
+        run = jax.jit(lambda inputs: _merged(inputs, config, tuning.forward))
+        try:
+            return tn.median_seconds(lambda: jax.block_until_ready(run(inputs))), 0.0
+        except Exception:  # a candidate that does not fit (shared memory, registers) loses
+            return float("inf"), 0.0
+
+    return tn.autotuned(key, options, measure).forward
+
+
+def _merged(inputs: Inputs, config: Config, tuning: tn.KernelTuning, paged=None):
+    out, lse = v2.forward_pass(inputs, config, tuning, splits=num_splits, paged=paged)
+    if out.shape[0] == 1:
+        return out[0], lse[0]
+    out, lse = sm.merge(out, lse)
+    return out.astype(inputs.q.dtype), lse
+
+
+def _forward(inputs: Inputs, config: Config):
+    out, lse = _merged(inputs, config, _tuning(inputs, config))
+    return out, lse, lse
+
+
+def _paged_forward(inputs: Inputs, config: Config, paged: tuple[jax.Array, jax.Array, jax.Array]):
+    """`_forward` reading K and V from pages (`v2.forward_pass`)."""
+    return _merged(inputs, config, _tuning(inputs, config), paged)
+
+
+def _memory(shape: Shape, block_q, block_k, backward: bool) -> tuple[int, int]:
+    """pallas_v2's, plus the float32 partial outputs and lse of at most
+    `_TARGET_PROGRAMS` / (batch · kv heads) shares."""
+    residuals, temporaries = pk.memory(shape, fa1=False, backward=backward)
+    shares = max(1, min(cdiv(_TARGET_PROGRAMS, shape.batch * shape.num_kv_heads), cdiv(shape.kv_len, _MIN_TILES * 16)))
+    partial = shape.q_bytes(shape.head_dim_v, 4) + shape.batch * shape.num_heads * shape.q_len * 4
+    return residuals, max(temporaries, (shares + 1) * partial if shares > 1 else 0)
+
+
+IMPLEMENTATION = registry.register(
+    registry.Implementation(
+        name="pallas_decode",
+        summary=f"split-KV decoding (q_len <= {MAX_Q_LEN}) with the FlashAttention-2 Pallas/Triton kernel",
+        family="triton",
+        algorithm="Flash-Decoding",
+        forward=_forward,
+        backward=v2.IMPLEMENTATION.backward,
+        memory=_memory,
+        paged_forward=_paged_forward,
+        platforms=frozenset({"gpu"}),
+        interprets=frozenset({"cpu"}),
+        max_head_dim=pk.MAX_HEAD_DIM,
+        max_q_len=MAX_Q_LEN,
+        power_of_two_blocks=True,
+        lse_backward=True,
+        tuning=tn.Tuning,
+        speed=60,
+    )
+)

@@ -1,0 +1,388 @@
+"""``jaxtile.paged_attention``: against ``flash_attention`` on the gathered contiguous
+cache (the definition) and against a float64 reference built from the dense mask, with
+pages in random order, shared pages, uneven fills, both dtypes; gradients; ``jit``; bad
+input."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxtile
+from parity.compare import compare, tolerance
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+@dataclasses.dataclass(frozen=True)
+class Paged:
+    """A paged problem: ``kv_lengths`` (and ``q_lengths``) per sequence; ``layout`` is
+    ``"shuffled"`` (distinct pages, a random permutation of the pool) or ``"shared"``
+    (sequence 1 uses sequence 0's pages, sequence 2 shares its first two)."""
+
+    name: str
+    kv_lengths: tuple[int, ...]
+    q_lengths: tuple[int, ...] | None = None
+    q_len: int = 1
+    num_heads: int = 8
+    num_kv_heads: int = 2
+    head_dim: int = 16
+    page_size: int = 4
+    pages_per_sequence: int = 6
+    spare_pages: int = 5
+    layout: str = "shuffled"
+    causal: bool = False
+    window: tuple[int | None, int | None] | None = None
+    logits_soft_cap: float | None = None
+    input_scale: float = 1.0
+    dtype: str = "float32"
+    seed: int = 0
+
+    @property
+    def batch(self) -> int:
+        return len(self.kv_lengths)
+
+    def options(self) -> dict:
+        return dict(causal=self.causal, window=self.window, logits_soft_cap=self.logits_soft_cap)
+
+
+CASES = [
+    # Every fill: a full cache (24 = 6 pages x 4), partial pages, an empty cache.
+    Paged("decode_gqa_ps4", kv_lengths=(24, 5, 0, 13)),
+    Paged("decode_gqa_ps4_bf16", kv_lengths=(24, 5, 0, 13), dtype="bfloat16"),
+    Paged("decode_shared_pages", kv_lengths=(24, 17, 8, 0), layout="shared"),
+    Paged(
+        "decode3_mqa_causal_ps16",
+        q_len=3,
+        num_heads=4,
+        num_kv_heads=1,
+        page_size=16,
+        pages_per_sequence=3,
+        kv_lengths=(48, 17, 2, 0),
+        causal=True,
+    ),
+    Paged(
+        "decode3_mqa_soft_cap_ps16_shared",
+        q_len=3,
+        num_heads=4,
+        num_kv_heads=1,
+        page_size=16,
+        pages_per_sequence=3,
+        kv_lengths=(40, 48, 33),
+        layout="shared",
+        logits_soft_cap=5.0,
+        input_scale=3.0,
+    ),
+    Paged(
+        "prefill16_window_ragged",
+        q_len=16,
+        head_dim=32,
+        pages_per_sequence=8,
+        kv_lengths=(32, 20, 9, 16),
+        q_lengths=(16, 7, 0, 16),
+        causal=True,
+        window=(6, 0),
+    ),
+    Paged(
+        "prefill16_causal_ps16_bf16",
+        q_len=16,
+        page_size=16,
+        pages_per_sequence=2,
+        kv_lengths=(32, 16, 0),
+        q_lengths=(16, 5, 0),
+        causal=True,
+        layout="shared",
+        dtype="bfloat16",
+    ),
+]
+
+
+def _inputs(case: Paged) -> dict[str, np.ndarray]:
+    """Standard-normal query and page pool (unused pages and slots hold values too) in
+    the case's dtype, a page table of the case's layout, lengths int32."""
+    rng = np.random.default_rng(case.seed)
+    dtype = DTYPES[case.dtype]
+    b, p = case.batch, case.pages_per_sequence
+    num_pages = b * p + case.spare_pages
+
+    def normal(*shape, scale=1.0):
+        return np.asarray(jnp.asarray(rng.standard_normal(shape) * scale, dtype))
+
+    pool = (case.num_kv_heads, num_pages, case.page_size, case.head_dim)
+    table = rng.permutation(num_pages)[: b * p].reshape(b, p).astype(np.int32)
+    if case.layout == "shared":
+        table[1] = table[0]
+        table[2, :2] = table[0, :2]
+    q_lengths = None if case.q_lengths is None else np.asarray(case.q_lengths, np.int32)
+    return dict(
+        query=normal(b, case.q_len, case.num_heads, case.head_dim, scale=case.input_scale),
+        k_pages=normal(*pool, scale=case.input_scale),
+        v_pages=normal(*pool),
+        page_table=table,
+        kv_lengths=np.asarray(case.kv_lengths, np.int32),
+        q_lengths=q_lengths,
+    )
+
+
+def _contiguous(pages, table: np.ndarray, xp=np):
+    """``[batch, pages_per_sequence * page_size, num_kv_heads, dim]``: each sequence's
+    pages laid end to end, page by page (independent of ``jaxtile._core.gather_pages``)."""
+    caches = [xp.concatenate([pages[:, page] for page in row], axis=1) for row in table]
+    return xp.stack(caches).transpose(0, 2, 1, 3)
+
+
+def _reference(query, keys, values, kv_lengths, q_lengths, *, causal, window, logits_soft_cap, xp=np):
+    """Attention from the dense mask, in NumPy (``xp=jnp``: JAX, to differentiate) and
+    the inputs' precision: ``(out, lse)``, 0 and ``-inf`` for a row that sees no key."""
+    batch, q_len, num_heads, head_dim = query.shape
+    kv_len, num_kv_heads = keys.shape[1:3]
+    keys = xp.repeat(keys, num_heads // num_kv_heads, axis=2)
+    values = xp.repeat(values, num_heads // num_kv_heads, axis=2)
+    scores = xp.einsum("bthd,bshd->bhts", query, keys) / math.sqrt(head_dim)
+    if logits_soft_cap is not None:
+        scores = logits_soft_cap * xp.tanh(scores / logits_soft_cap)
+    q_lengths = np.full(batch, q_len) if q_lengths is None else q_lengths
+    row, col = np.arange(q_len)[:, None], np.arange(kv_len)[None, :]
+    ql, kl = (np.asarray(x)[:, None, None, None] for x in (q_lengths, kv_lengths))
+    position = row + kl - ql
+    visible = (row < ql) & (col < kl)
+    if causal:
+        visible &= col <= position
+    if window is not None:
+        left, right = window
+        if left is not None:
+            visible &= col >= position - left
+        if right is not None:
+            visible &= col <= position + right
+    seen = visible.any(-1, keepdims=True)
+    top = xp.where(seen, xp.max(xp.where(visible, scores, -np.inf), -1, keepdims=True), 0.0)
+    weights = xp.where(visible, xp.exp(xp.where(visible, scores, top) - top), 0.0)
+    total = xp.where(seen, weights.sum(-1, keepdims=True), 1.0)
+    out = xp.einsum("bhts,bshd->bthd", weights / total, values)
+    lse = xp.where(seen, top + xp.log(total), -np.inf)[..., 0]
+    return out, lse
+
+
+def _expected(case: Paged, arrays: dict) -> tuple[np.ndarray, np.ndarray]:
+    """The float64 reference on the contiguous caches built in NumPy."""
+    table = arrays["page_table"]
+    f64 = {name: np.asarray(arrays[name], np.float64) for name in ("query", "k_pages", "v_pages")}
+    keys, values = _contiguous(f64["k_pages"], table), _contiguous(f64["v_pages"], table)
+    return _reference(f64["query"], keys, values, arrays["kv_lengths"], arrays["q_lengths"], **case.options())
+
+
+def _paged(arrays: dict, **options):
+    return jaxtile.paged_attention(
+        *(jnp.asarray(arrays[name]) for name in ("query", "k_pages", "v_pages", "page_table", "kv_lengths")),
+        q_lengths=None if arrays["q_lengths"] is None else jnp.asarray(arrays["q_lengths"]),
+        return_lse=True,
+        **options,
+    )
+
+
+def _check(case: Paged, arrays: dict, out, lse) -> None:
+    """``out``, ``lse`` against the float64 reference within the dtype's tolerance; rows
+    that see no key exactly 0 and ``-inf``."""
+    expected_out, expected_lse = _expected(case, arrays)
+    tol = tolerance(case.dtype, float(np.abs(expected_lse[np.isfinite(expected_lse)]).max(initial=0.0)))
+    assert lse.dtype == jnp.float32
+    out, lse = np.asarray(out, np.float64), np.asarray(lse)
+    for name, got, want in (("out", out, expected_out), ("lse", lse, expected_lse)):
+        error = compare(got, want, tol)
+        assert error.ok, f"{case.name}: {name} {error} (tolerance {tol})"
+    empty = np.isneginf(expected_lse)  # [batch, heads, q_len]
+    assert np.array_equal(np.isneginf(lse), empty)
+    assert (out.transpose(0, 2, 1, 3)[empty] == 0).all()
+    assert np.isfinite(out).all()
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_matches_flash_attention_and_float64_reference(case):
+    arrays = _inputs(case)
+    out, lse = _paged(arrays, **case.options())
+    assert out.shape == (case.batch, case.q_len, case.num_heads, case.head_dim)
+    assert out.dtype == DTYPES[case.dtype]
+    assert lse.shape == (case.batch, case.num_heads, case.q_len)
+    table = arrays["page_table"]
+    direct_out, direct_lse = jaxtile.flash_attention(
+        jnp.asarray(arrays["query"]),
+        jnp.asarray(_contiguous(arrays["k_pages"], table)),
+        jnp.asarray(_contiguous(arrays["v_pages"], table)),
+        kv_lengths=jnp.asarray(arrays["kv_lengths"]),
+        q_lengths=None if arrays["q_lengths"] is None else jnp.asarray(arrays["q_lengths"]),
+        return_lse=True,
+        **case.options(),
+    )
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(direct_out))
+    np.testing.assert_array_equal(np.asarray(lse), np.asarray(direct_lse))
+    _check(case, arrays, out, lse)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_configurations(seed):
+    """Random shapes, fills and page tables (pages drawn with repetition: shared pages and
+    unused ones), against the float64 reference."""
+    rng = np.random.default_rng(1000 + seed)
+    batch, page_size = int(rng.integers(1, 5)), int(rng.choice([4, 8, 16]))
+    pages_per_sequence = int(rng.integers(1, 6))
+    capacity = pages_per_sequence * page_size
+    q_len = int(rng.choice([1, 2, 5]))
+    num_kv_heads = int(rng.choice([1, 2]))
+    case = Paged(
+        f"random_{seed}",
+        kv_lengths=tuple(int(n) for n in rng.integers(0, capacity + 1, batch)),
+        q_lengths=tuple(int(n) for n in rng.integers(0, q_len + 1, batch)) if rng.random() < 0.5 else None,
+        q_len=q_len,
+        num_heads=num_kv_heads * int(rng.choice([1, 2, 4])),
+        num_kv_heads=num_kv_heads,
+        page_size=page_size,
+        pages_per_sequence=pages_per_sequence,
+        causal=bool(rng.random() < 0.5),
+        window=[None, (3, 0), (None, 2), (5, 5)][int(rng.integers(4))],
+        seed=seed,
+    )
+    arrays = _inputs(case)
+    num_pages = arrays["k_pages"].shape[1]
+    arrays["page_table"] = rng.integers(0, num_pages, (batch, pages_per_sequence)).astype(np.int32)
+    _check(case, arrays, *_paged(arrays, **case.options()))
+
+
+def test_gradients_match_float64_reference():
+    """dq, dk_pages, dv_pages (shared pages accumulate, unused pages get 0) under a random
+    output and lse cotangent, against ``jax.grad`` of the float64 reference."""
+    case = Paged(
+        "grads", q_len=3, kv_lengths=(24, 17, 9, 0), q_lengths=(3, 2, 3, 1), layout="shared", causal=True, window=(6, 0)
+    )
+    arrays = _inputs(case)
+    rng = np.random.default_rng(7)
+    dout = rng.standard_normal((case.batch, case.q_len, case.num_heads, case.head_dim))
+    dlse = rng.standard_normal((case.batch, case.num_heads, case.q_len))
+    table, kv_lengths, q_lengths = arrays["page_table"], arrays["kv_lengths"], arrays["q_lengths"]
+
+    def loss(attention, query, k_pages, v_pages):
+        out, lse = attention(query, k_pages, v_pages)
+        return (out * dout).sum() + jnp.where(jnp.isinf(lse), 0.0, lse * dlse).sum()
+
+    def paged(query, k_pages, v_pages):
+        return jaxtile.paged_attention(
+            query, k_pages, v_pages, table, kv_lengths, q_lengths=q_lengths, return_lse=True, **case.options()
+        )
+
+    def reference(query, k_pages, v_pages):
+        keys, values = _contiguous(k_pages, table, jnp), _contiguous(v_pages, table, jnp)
+        return _reference(query, keys, values, kv_lengths, q_lengths, **case.options(), xp=jnp)
+
+    primals = [arrays[name] for name in ("query", "k_pages", "v_pages")]
+    got = jax.jit(jax.grad(lambda *x: loss(paged, *x), argnums=(0, 1, 2)))(*map(jnp.asarray, primals))
+    with jax.enable_x64(True):
+        grad = jax.jit(jax.grad(lambda *x: loss(reference, *x), argnums=(0, 1, 2)))
+        want = [np.asarray(g) for g in grad(*(np.asarray(x, np.float64) for x in primals))]
+    tol = tolerance("float32", 10.0)
+    for name, g, w in zip(("dq", "dk_pages", "dv_pages"), got, want):
+        error = compare(np.asarray(g), w, tol)
+        assert error.ok, f"{name}: {error}"
+    unused = np.setdiff1d(np.arange(arrays["k_pages"].shape[1]), table)
+    assert unused.size and not np.asarray(got[1])[:, unused].any() and not np.asarray(got[2])[:, unused].any()
+
+
+def test_under_jit_with_traced_table_and_lengths():
+    """One compilation serves every page table and fill; traced page indices are clipped."""
+    case = CASES[5]  # prefill16_window_ragged
+    arrays = _inputs(case)
+    query, k_pages, v_pages = (jnp.asarray(arrays[name]) for name in ("query", "k_pages", "v_pages"))
+
+    @jax.jit
+    def step(page_table, kv_lengths, q_lengths):
+        return jaxtile.paged_attention(
+            query, k_pages, v_pages, page_table, kv_lengths, q_lengths=q_lengths, return_lse=True, **case.options()
+        )
+
+    table, kv_lengths, q_lengths = arrays["page_table"], arrays["kv_lengths"], arrays["q_lengths"]
+    _check(case, arrays, *step(table, kv_lengths, q_lengths))
+    rolled = dict(arrays, page_table=np.roll(table, 1, axis=0), kv_lengths=np.roll(kv_lengths, 1))
+    _check(case, rolled, *step(rolled["page_table"], rolled["kv_lengths"], q_lengths))
+    assert step._cache_size() == 1
+    num_pages = k_pages.shape[1]
+    outside = table.copy()
+    outside[0, 0], outside[1, 1] = num_pages + 3, -2
+    clipped = np.clip(outside, 0, num_pages - 1)
+    for got, want in zip(step(outside, kv_lengths, q_lengths), step(clipped, kv_lengths, q_lengths)):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_other_implementations_agree():
+    case = CASES[3]  # decode3_mqa_causal_ps16
+    arrays = _inputs(case)
+    for implementation in ("reference", "scan_v1"):
+        _check(case, arrays, *_paged(arrays, implementation=implementation, **case.options()))
+
+
+# Valid arguments: batch 3, q_len 2, 4 heads, 2 kv heads, head_dim 8, 10 pages of 4, 3 pages per sequence.
+_Q = jnp.zeros((3, 2, 4, 8))
+_PAGES = jnp.zeros((2, 10, 4, 8))
+_TABLE = jnp.arange(9, dtype=jnp.int32).reshape(3, 3)
+_LENGTHS = jnp.array([12, 5, 0])
+VALID = dict(query=_Q, k_pages=_PAGES, v_pages=_PAGES, page_table=_TABLE, kv_lengths=_LENGTHS)
+
+# (description, arguments replaced, exception, text the message must contain)
+BAD_INPUTS = [
+    ("page index too large", dict(page_table=_TABLE.at[1, 2].set(10)), ValueError, "[0, 10) (num_pages=10); got [10]"),
+    (
+        "negative page index",
+        dict(page_table=_TABLE.at[2, 0].set(-1)),
+        ValueError,
+        "got [-1] at (sequence, page) [(2, 0)]",
+    ),
+    (
+        "kv_lengths past the page table",
+        dict(kv_lengths=jnp.array([13, 5, 0])),
+        ValueError,
+        "kv_lengths must lie in [0, 12] (pages_per_sequence=3 * page_size=4); got [13]",
+    ),
+    ("negative kv_lengths", dict(kv_lengths=jnp.array([1, -1, 0])), ValueError, "got [-1]"),
+    ("kv_lengths shape", dict(kv_lengths=jnp.array([1, 2])), ValueError, "kv_lengths must have shape (3,)"),
+    ("q_lengths too long", dict(q_lengths=jnp.array([3, 0, 0])), ValueError, "q_lengths must lie in [0, 2] (q_len=2)"),
+    (
+        "page_table batch",
+        dict(page_table=_TABLE[:2]),
+        ValueError,
+        "page_table must have shape (3, pages_per_sequence); got page_table.shape=(2, 3)",
+    ),
+    ("page_table rank", dict(page_table=_TABLE.reshape(-1)), ValueError, "page_table.shape=(9,)"),
+    ("float page_table", dict(page_table=_TABLE.astype(jnp.float32)), TypeError, "integer dtype; got float32"),
+    (
+        "pages disagree",
+        dict(v_pages=jnp.zeros((2, 10, 8, 8))),
+        ValueError,
+        "k_pages and v_pages must agree on [num_kv_heads, num_pages, page_size]",
+    ),
+    ("pages rank", dict(k_pages=_PAGES[0]), ValueError, "k_pages.shape=(10, 4, 8)"),
+    ("query rank", dict(query=_Q[0]), ValueError, "query.shape=(2, 4, 8)"),
+    ("head_dim", dict(query=jnp.zeros((3, 2, 4, 16))), ValueError, "head_dim of query and k_pages differ"),
+    (
+        "heads not a multiple",
+        dict(k_pages=jnp.zeros((3, 10, 4, 8)), v_pages=jnp.zeros((3, 10, 4, 8))),
+        ValueError,
+        "num_heads=4 is not a multiple of num_kv_heads=3",
+    ),
+    ("dtypes differ", dict(query=_Q.astype(jnp.bfloat16)), TypeError, "query.dtype=dtype(bfloat16)"),
+    ("int query", dict(query=_Q.astype(jnp.int32)), TypeError, "query.dtype=int32 is not supported"),
+]
+
+
+@pytest.mark.parametrize(("what", "changes", "error", "text"), BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
+def test_bad_input(what, changes, error, text):
+    arguments = {**VALID, **changes}
+    with pytest.raises(error) as raised:
+        jaxtile.paged_attention(**arguments)
+    assert text in str(raised.value)
+
+
+def test_shape_errors_raise_under_jit():
+    with pytest.raises(ValueError, match="page_table must have shape"):
+        jax.jit(lambda table: jaxtile.paged_attention(_Q, _PAGES, _PAGES, table, _LENGTHS))(_TABLE[:, None])
