@@ -3,6 +3,7 @@
 from jaxtile import reference, registry, scan, triton  # importing an implementation registers it
 from jaxtile.api import flash_attention
 from jaxtile.distributed.ring import ring_attention
+from jaxtile.jax_nn import dot_product_attention
 from jaxtile.mask import MaskSpec
 from jaxtile.paged import paged_attention
 
@@ -10,6 +11,7 @@ registry._import_listed()
 
 __all__ = [
     "MaskSpec",
+    "dot_product_attention",
     "flash_attention",
     "paged_attention",
     "reference",

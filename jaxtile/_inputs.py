@@ -173,6 +173,18 @@ def _check_lengths(q_lengths, kv_lengths, batch: tuple[int, ...], q_len: int, kv
     return jnp.stack(columns, axis=-1).reshape(math.prod(batch), 2)
 
 
+def check_sinks(sinks, num_heads: int):
+    """``[num_heads]`` float32 sink logits, or None."""
+    if sinks is None:
+        return None
+    _array("sinks", sinks)
+    if not jnp.issubdtype(sinks.dtype, jnp.floating):
+        raise TypeError(f"sinks must have a floating dtype; got {sinks.dtype}")
+    if tuple(sinks.shape) != (num_heads,):
+        raise ValueError(f"sinks must have shape ({num_heads},) (one logit per query head); got {tuple(sinks.shape)}")
+    return jnp.asarray(sinks, jnp.float32)
+
+
 def _check_float(name: str, value, *, positive: bool) -> float | None:
     if value is None:
         return None
@@ -229,8 +241,10 @@ def canonicalize(
     tuning,
     tuning_types: tuple[type, ...],
     platform: str,
+    top_left: bool = False,
 ) -> tuple[Inputs, Config, tuple[int, ...]]:
-    """Validates the public arguments; returns canonical inputs, config and batch shape."""
+    """Validates the public arguments; returns canonical inputs, config and batch shape.
+    ``top_left`` aligns positions as `MaskSpec.top_left` says."""
     _check_qkv(query, key, value)
     if isinstance(segment_ids, (tuple, list)):
         ids = dict(zip(("q_segment_ids", "kv_segment_ids"), segment_ids))
@@ -257,6 +271,7 @@ def canonicalize(
         has_segments=q_ids is not None,
         has_dense_mask=dense is not None,
         has_lengths=lengths is not None,
+        top_left=top_left,
     )
     logits = Logits(1.0 / math.sqrt(head_dim) if scale is None else scale, soft_cap)
     batch_size = math.prod(batch)

@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import math
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -232,3 +233,21 @@ def merge(out, lse):
     weight = jnp.swapaxes(weight / jnp.where(empty, 1.0, total), -1, -2)[..., None]
     merged = jnp.sum(out.astype(jnp.float32) * weight, axis=0)
     return merged, jnp.where(empty, -jnp.inf, base + jnp.log(jnp.where(empty, 1.0, total)))
+
+
+@jax.jit
+def with_sinks(out, lse, sinks):
+    """Attention with one more logit per query head in every row's softmax denominator,
+    contributing no value (learnable attention sinks, as in gpt-oss): a `merge` with a
+    part whose output is 0 and whose lse is the sink. Differentiable in all three.
+
+    Args:
+      out: ``[b, n, h, dv]``; lse: ``[b, h, n]`` (``-inf`` for a row that saw no key).
+      sinks: ``[h]`` float32 (``-inf``: no sink for that head).
+    Returns:
+      ``out`` (its dtype) and ``lse`` over the keys and the sink; a row that sees no
+      key keeps output 0.
+    """
+    sink = jnp.broadcast_to(sinks[None, :, None], lse.shape)
+    merged, lse = merge(jnp.stack([out, jnp.zeros_like(out)]), jnp.stack([lse, sink]))
+    return merged.astype(out.dtype), lse

@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 import jax
 
-from jaxtile import _inputs, registry
-from jaxtile._core import Attention, Config, Inputs
+from jaxtile import _inputs, _softmax, registry
+from jaxtile._core import Config, Inputs
 from jaxtile.distributed import _sharding
 
 
@@ -64,12 +64,14 @@ def _choose(inputs: Inputs, config: Config, require: Requirement | None) -> regi
 
 
 @functools.cache
-def compiled(implementation: registry.Implementation) -> Attention:
-    """``implementation``'s attention, jitted with its static config so that calls
-    outside ``jit`` compile once per shape and option set: its forward and recomputing
-    backward joined into one ``custom_vjp`` and run per batch/head shard
-    (`_sharding.partitioned`); an implementation without a backward pass is plain JAX,
-    differentiated and partitioned by JAX itself."""
+def compiled(implementation: registry.Implementation):
+    """``implementation``'s attention ``(inputs, config, sinks=None) -> (out, lse)``,
+    jitted with its static config so that calls outside ``jit`` compile once per shape
+    and option set: its forward and recomputing backward joined into one ``custom_vjp``
+    and run per batch/head shard (`_sharding.partitioned`); an implementation without a
+    backward pass is plain JAX, differentiated and partitioned by JAX itself. ``sinks``
+    (`_softmax.with_sinks`) fold into the result outside the implementation, so every
+    implementation takes them and autodiff gives their gradient."""
     if implementation.backward is None:
 
         def attention(inputs: Inputs, config: Config):
@@ -78,7 +80,24 @@ def compiled(implementation: registry.Implementation) -> Attention:
 
     else:
         attention = _sharding.partitioned(implementation.forward, implementation.backward)
-    return jax.jit(attention, static_argnums=1)
+
+    def attend(inputs: Inputs, config: Config, sinks=None):
+        out, lse = attention(inputs, config)
+        return (out, lse) if sinks is None else _softmax.with_sinks(out, lse, sinks)
+
+    return jax.jit(attend, static_argnums=1)
+
+
+def attend(query, key, value, *, sinks, return_lse: bool, **options):
+    """`flash_attention`'s body, shared with `jaxtile.dot_product_attention`: ``options``
+    are `prepare`'s (``top_left`` among them)."""
+    chosen, inputs, config, batch = prepare(query, key, value, return_lse=return_lse, **options)
+    sinks = _inputs.check_sinks(sinks, inputs.q.shape[2])
+    out, lse = compiled(chosen)(inputs, config, sinks)
+    out = out.reshape(*batch, *out.shape[1:])
+    if not return_lse:
+        return out
+    return out, lse.reshape(*batch, *lse.shape[1:])
 
 
 def flash_attention(
@@ -93,6 +112,7 @@ def flash_attention(
     q_lengths: jax.Array | None = None,
     kv_lengths: jax.Array | None = None,
     logits_soft_cap: float | None = None,
+    sinks: jax.Array | None = None,
     scale: float | None = None,
     implementation: str | None = None,
     block_q: int | None = None,
@@ -126,10 +146,15 @@ def flash_attention(
         sequence's own lengths; either defaults to the full length). Concrete lengths
         outside ``[0, q_len]``/``[0, kv_len]`` are an error; traced ones are clipped.
       logits_soft_cap: scores become ``cap * tanh(scores / cap)`` before masking.
+      sinks: ``[num_heads]`` float learnable attention sinks (gpt-oss): one more logit in
+        each row's softmax denominator that contributes no value, so
+        ``out_i = sum_j exp(s_ij - lse_i) v_j`` with ``lse_i = log(exp(sinks[h]) +
+        sum_j exp(s_ij))``. Differentiable; ``-inf`` means no sink for that head.
       scale: multiplies ``q kᵀ``; default ``1 / sqrt(head_dim)``.
       implementation: a registered name (`jaxtile.registry.names()`: ``"reference"``,
-        ``"scan_v1"``, ``"scan_v2"``, ``"pallas_v1"``, ``"pallas_v2"``), or None for the
-        fastest that supports the call on the arrays' platform.
+        ``"scan_v1"``, ``"scan_v2"``, ``"pallas_v1"``, ``"pallas_v2"``,
+        ``"pallas_decode"``), or None for the fastest that supports the call on the
+        arrays' platform.
       block_q, block_k: tile sizes; None picks a default for the shape, mask and device.
         The Pallas kernels need powers of two >= 16 and shrink them (and their pipeline
         depth) until what they keep in shared memory fits the GPU's.
@@ -141,14 +166,16 @@ def flash_attention(
     Returns:
       ``out [batch..., q_len, num_heads, head_dim_v]`` in the query's dtype, and with
       ``return_lse`` also ``lse [batch..., num_heads, q_len]`` float32 (natural log).
-      A query that sees no key gets output 0 and lse ``-inf``.
+      A query that sees no key gets output 0 and lse ``-inf`` (with ``sinks``, the
+      sink's logit).
     """
-    chosen, inputs, config, batch = prepare(
+    return attend(
         query,
         key,
         value,
-        implementation=implementation,
+        sinks=sinks,
         return_lse=return_lse,
+        implementation=implementation,
         causal=causal,
         window=window,
         segment_ids=segment_ids,
@@ -161,8 +188,3 @@ def flash_attention(
         block_k=block_k,
         tuning=tuning,
     )
-    out, lse = compiled(chosen)(inputs, config)
-    out = out.reshape(*batch, *out.shape[1:])
-    if not return_lse:
-        return out
-    return out, lse.reshape(*batch, *lse.shape[1:])

@@ -143,6 +143,12 @@ def uniform_bounds(bounds) -> jnp.ndarray:
     return jnp.stack([lo, full_lo, full_hi, hi], axis=-1)
 
 
+def _first_tile(index, n: int, block: int):
+    """The tile of ``block`` that holds ``index`` (clipped to 0), or the number of tiles
+    when ``index`` is past ``n``: the first tile a span visits from there."""
+    return jnp.where(index >= n, _tile_cdiv(n, block), lax.div(_clip(index, 0, n), block))
+
+
 def _segment_range(ids, block: int):
     """Per tile of ``ids [batch, len]``: the smallest and largest id, ``[batch, tiles]``."""
     n = ids.shape[1]
@@ -179,7 +185,11 @@ class MaskSpec:
       has_dense_mask: an arbitrary boolean mask also applies (a runtime array).
       has_lengths: per-sequence query and key lengths apply (runtime ``[batch, 2]``
         int32 ``(q_length, kv_length)``, each within ``[0, q_len]``/``[0, kv_len]``);
-        positions are aligned to them.
+        bottom-right positions are aligned to them.
+      top_left: query row ``i`` has position ``i`` (``jax.nn.dot_product_attention``'s
+        alignment) instead of ``i + kv_len - q_len`` (bottom-right, flash-attn's and
+        cuDNN's; with lengths, ``i + kv_length - q_length`` per sequence). Key ``j``
+        has position ``j`` either way.
     """
 
     q_len: int
@@ -189,6 +199,7 @@ class MaskSpec:
     has_segments: bool = False
     has_dense_mask: bool = False
     has_lengths: bool = False
+    top_left: bool = False
 
     @classmethod
     def create(
@@ -201,6 +212,7 @@ class MaskSpec:
         has_segments: bool = False,
         has_dense_mask: bool = False,
         has_lengths: bool = False,
+        top_left: bool = False,
     ) -> MaskSpec:
         """Builds the spec from the public arguments of ``flash_attention``."""
         if window is None:
@@ -211,12 +223,12 @@ class MaskSpec:
             left, right = window
         if causal:
             right = 0 if right is None else min(right, 0)
-        return cls(q_len, kv_len, left, right, has_segments, has_dense_mask, has_lengths)
+        return cls(q_len, kv_len, left, right, has_segments, has_dense_mask, has_lengths, top_left)
 
     @property
     def offset(self) -> int:
-        """Position of query row 0: ``kv_len - q_len`` (bottom-right alignment)."""
-        return self.kv_len - self.q_len
+        """Position of query row 0: ``kv_len - q_len`` (bottom-right), or 0 (`top_left`)."""
+        return 0 if self.top_left else self.kv_len - self.q_len
 
     @property
     def is_structured(self) -> bool:
@@ -241,7 +253,7 @@ class MaskSpec:
         """
         if self.has_lengths:
             q_length, kv_length = lengths
-            pos = _same_rank(q_idx, kv_length - q_length, jnp.add)
+            pos = q_idx if self.top_left else _same_rank(q_idx, kv_length - q_length, jnp.add)
             terms = [_same_rank(q_idx, q_length, jnp.less), _same_rank(kv_idx, kv_length, jnp.less)]
         else:
             pos = q_idx + self.offset
@@ -302,7 +314,7 @@ class MaskSpec:
         up to ``q_len`` (rows past it are never stored, and contribute nothing to dK, dV)
         is within the lengths and the window."""
         q_length, kv_length = lengths[:, 0, None, None], lengths[:, 1, None, None]
-        offset = kv_length - q_length
+        offset = 0 if self.top_left else kv_length - q_length
         first_row = (jnp.arange(cdiv(self.q_len, block_q), dtype=jnp.int32) * block_q)[None, :, None]
         first_key = (jnp.arange(cdiv(self.kv_len, block_k), dtype=jnp.int32) * block_k)[None, None, :]
         end_row, end_key = jnp.minimum(first_row + block_q, self.q_len) - 1, first_key + block_k - 1
@@ -341,13 +353,14 @@ class MaskSpec:
             masked.
         """
         if self.has_lengths:
-            # Positions are aligned per sequence: the runtime bounds hold them.
+            # Positions are aligned per sequence: the runtime bounds hold them. (A tile
+            # is interior only if it holds block_k keys.)
             n = cdiv(self.kv_len, block_k)
-            return self._spans(TileBounds(0, 0, n, n), bounds, head=True, interior=True, tail=True)
+            return self._spans(TileBounds(0, 0, n, n), bounds, head=True, interior=self.kv_len >= block_k, tail=True)
         n_kv = self.kv_len
         first = q_tile * block_q + self.offset
         last = jnp.minimum(q_tile * block_q + block_q, self.q_len) - 1 + self.offset
-        lo = 0 if self.left is None else lax.div(_clip(first - self.left, 0, n_kv), block_k)
+        lo = 0 if self.left is None else _first_tile(first - self.left, n_kv, block_k)
         if self.right is None:
             hi = _tile_cdiv(n_kv, block_k)
         else:
@@ -385,7 +398,7 @@ class MaskSpec:
         n_q = self.q_len
         first = kv_tile * block_k
         last = jnp.minimum(first + block_k, self.kv_len) - 1
-        lo = 0 if self.right is None else lax.div(_clip(first - self.right - self.offset, 0, n_q), block_q)
+        lo = 0 if self.right is None else _first_tile(first - self.right - self.offset, n_q, block_q)
         if self.left is None:
             hi = _tile_cdiv(n_q, block_q)
         else:

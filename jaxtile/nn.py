@@ -20,6 +20,7 @@ from flax import nnx
 from flax.nnx.nn import dtypes
 
 from jaxtile.api import flash_attention
+from jaxtile.jax_nn import dot_product_attention
 
 
 def attention_fn(
@@ -42,7 +43,7 @@ def attention_fn(
     block_q: int | None = None,
     block_k: int | None = None,
 ) -> jax.Array:
-    """``flax.nnx.dot_product_attention`` computed by `jaxtile.flash_attention`.
+    """``flax.nnx.dot_product_attention`` computed by `jaxtile.dot_product_attention`.
 
     Same arguments and layout: ``query [batch..., q_len, num_heads, head_dim]``, key and
     value ``[batch..., kv_len, num_heads, head_dim]``, ``mask`` broadcastable to
@@ -63,18 +64,12 @@ def attention_fn(
     if module is not None:
         raise NotImplementedError("attention_fn: sow_weights is not supported; the attention weights are never formed")
     query, key, value = promote_dtype((query, key, value), dtype=dtype)
-    q_len, kv_len = query.shape[-3], key.shape[-3]
-    if mask is not None:
-        mask = mask.astype(jnp.bool_)
-    if is_causal and q_len != kv_len:
-        top_left = jnp.tril(jnp.ones((q_len, kv_len), jnp.bool_))
-        mask = top_left if mask is None else mask & top_left
-    return flash_attention(
+    return dot_product_attention(
         query,
         key,
         value,
-        causal=is_causal and q_len == kv_len,
-        mask=mask,
+        mask=None if mask is None else mask.astype(jnp.bool_),
+        is_causal=is_causal,
         implementation=implementation,
         block_q=block_q,
         block_k=block_k,
@@ -99,6 +94,8 @@ class Attention(nnx.Module):
       head_dim: default ``embed_dim // num_heads``.
       causal, window, logits_soft_cap, implementation, block_q, block_k: passed to
         `jaxtile.flash_attention` (``window`` in its ``(left, right)`` convention).
+      sinks: learn one attention-sink logit per query head (``self.sinks``, initialised
+        to 0), as gpt-oss does.
       bias: whether the projections have biases.
       fused_qkv: one ``qkv_proj`` instead of three.
       dtype, param_dtype, precision: as for ``nnx.Linear``.
@@ -115,6 +112,7 @@ class Attention(nnx.Module):
         causal: bool = False,
         window: int | tuple[int | None, int | None] | None = None,
         logits_soft_cap: float | None = None,
+        sinks: bool = False,
         bias: bool = True,
         fused_qkv: bool = True,
         implementation: str | None = None,
@@ -153,6 +151,7 @@ class Attention(nnx.Module):
             self.k_proj = linear(embed_dim, kv_width)
             self.v_proj = linear(embed_dim, kv_width)
         self.out_proj = linear(q_width, embed_dim)
+        self.sinks = nnx.Param(jnp.zeros((num_heads,), param_dtype)) if sinks else None
 
     def __call__(
         self,
@@ -175,7 +174,8 @@ class Attention(nnx.Module):
         q = q.reshape(*q.shape[:-1], self.num_heads, self.head_dim)
         k = k.reshape(*k.shape[:-1], self.num_kv_heads, self.head_dim)
         v = v.reshape(*v.shape[:-1], self.num_kv_heads, self.head_dim)
-        out = flash_attention(q, k, v, segment_ids=segment_ids, mask=mask, **self.options)
+        sinks = None if self.sinks is None else self.sinks[...]
+        out = flash_attention(q, k, v, segment_ids=segment_ids, mask=mask, sinks=sinks, **self.options)
         return self.out_proj(out.reshape(*out.shape[:-2], q_width))
 
     def load_torch_state_dict(self, state_dict: Mapping[str, Any]) -> None:
@@ -183,11 +183,19 @@ class Attention(nnx.Module):
 
         ``state_dict`` holds ``{name}.weight`` ``[out_features, in_features]`` (and
         ``{name}.bias``) for each projection of this layer (``qkv_proj`` or
-        ``q_proj``/``k_proj``/``v_proj``, and ``out_proj``), as torch tensors or arrays;
+        ``q_proj``/``k_proj``/``v_proj``, and ``out_proj``), and ``sinks`` ``[num_heads]``
+        for a layer with sinks (gpt-oss's name), as torch tensors or arrays;
         torch's ``nn.Linear`` stores the transpose of ``nnx.Linear``'s kernel. Other
         keys (e.g. FlashTile's buffers) are ignored; missing or misshapen ones raise.
         """
         names = ("qkv_proj",) if self.fused_qkv else ("q_proj", "k_proj", "v_proj")
+        if self.sinks is not None:
+            if "sinks" not in state_dict:
+                raise KeyError(f"state_dict has no 'sinks'; it has {sorted(state_dict)}")
+            sinks = _numpy(state_dict["sinks"])
+            if sinks.shape != self.sinks.shape:
+                raise ValueError(f"sinks has shape {sinks.shape}; this layer needs {self.sinks.shape}")
+            self.sinks[...] = jnp.asarray(sinks, self.sinks.dtype)
         for name in (*names, "out_proj"):
             layer = getattr(self, name)
             params = [("weight", layer.kernel, True)]

@@ -10,6 +10,7 @@ import numpy as np
 
 from jaxtile import _inputs, api, registry
 from jaxtile._core import Config, Inputs, gather_pages
+from jaxtile._softmax import with_sinks
 
 
 def _check_shapes(query, k_pages, v_pages) -> None:
@@ -88,6 +89,7 @@ def paged_attention(
     causal: bool = False,
     window: int | tuple[int | None, int | None] | None = None,
     logits_soft_cap: float | None = None,
+    sinks: jax.Array | None = None,
     scale: float | None = None,
     return_lse: bool = False,
     implementation: str | None = None,
@@ -121,7 +123,7 @@ def paged_attention(
       page_table: ``[batch, pages_per_sequence]`` ints in ``[0, num_pages)``.
       kv_lengths: ``[batch]`` ints in ``[0, pages_per_sequence * page_size]``.
       q_lengths: ``[batch]`` ints in ``[0, q_len]``, or None (every row is a query).
-      causal, window, logits_soft_cap, scale, implementation: as in
+      causal, window, logits_soft_cap, sinks, scale, implementation: as in
         `jaxtile.flash_attention`.
       return_lse: also return the log-sum-exp of each row.
 
@@ -165,7 +167,10 @@ def paged_attention(
     )
     pages = (k_pages, v_pages, jnp.asarray(page_table, jnp.int32))
     attend = _gathered if chosen.paged_forward is None else _paged
+    sinks = _inputs.check_sinks(sinks, inputs.q.shape[2])
     out, lse = attend(chosen.name, inputs.q, *pages, inputs.lengths, config)
+    if sinks is not None:
+        out, lse = with_sinks(out, lse, sinks)
     return (out, lse) if return_lse else out
 
 

@@ -28,6 +28,8 @@ class Case:
     through ``jaxtile.paged_attention`` with the page table (one batch dim; no segments,
     mask or blocks), every sequence's ``kv_lengths`` the full ``kv_len`` unless
     ``lengths`` says otherwise.
+    ``sinks`` adds learnable attention sinks (one random logit per query head), and
+    their gradient to the comparison.
     ``lse_grad`` also back-propagates a random cotangent through the lse.
     ``grads=False`` only checks that the gradients are finite: for a saturated softmax
     in 16-bit (or one-hot in every row, whatever the dtype) the exact gradient is ~0 and
@@ -52,6 +54,7 @@ class Case:
     lengths: str | None = None
     page_size: int | None = None
     logits_soft_cap: float | None = None
+    sinks: bool = False
     scale: float | None = None
     input_scale: float = 1.0
     lse_grad: bool = False
@@ -178,4 +181,5 @@ def make_inputs(case: Case) -> dict[str, np.ndarray | None]:
             arrays["q_lengths"] = q_lengths.reshape(b)
     if case.page_size is not None:
         arrays.update(_pages(rng, case, arrays["k"], arrays["v"]))
+    arrays["sinks"] = rng.standard_normal(case.num_heads).astype(np.float32) * 2 if case.sinks else None
     return arrays

@@ -162,6 +162,21 @@ QUICK = _checked(
         page_size=32,
         dtype=BF16,
     ),
+    # Learnable attention sinks (gpt-oss): contiguous with a window, and paged decode.
+    Case(
+        "api_sinks_gqa_window_causal", num_heads=8, num_kv_heads=2, q_len=100, causal=True, window=(31, 0), sinks=True
+    ),
+    Case(
+        "api_paged_decode_sinks_kv_lengths",
+        batch=(3,),
+        num_heads=8,
+        num_kv_heads=2,
+        q_len=1,
+        kv_len=72,
+        lengths="kv",
+        sinks=True,
+        page_size=16,
+    ),
 )
 
 
@@ -405,6 +420,23 @@ FULL = _checked(
         causal=True,
         page_size=32,
         dtype=BF16,
+    ),
+    # gpt-oss's attention: GQA 64:8 at head_dim 64 with sinks, every other layer a
+    # 128-token window (here 8:1 heads).
+    *(
+        Case(
+            f"api_sinks_gpt_oss{'_window' if window else ''}_bf16",
+            batch=(1,),
+            num_heads=8,
+            num_kv_heads=1,
+            q_len=1024,
+            head_dim=64,
+            causal=True,
+            window=window,
+            sinks=True,
+            dtype=BF16,
+        )
+        for window in (None, (127, 0))
     ),
 )
 

@@ -25,6 +25,7 @@ def attention(
     q_lengths: torch.Tensor | None = None,
     kv_lengths: torch.Tensor | None = None,
     logits_soft_cap: float | None = None,
+    sinks: torch.Tensor | None = None,
     scale: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q ``[batch..., T, H, D]``, k ``[batch..., S, Hkv, D]``, v ``[batch..., S, Hkv, Dv]``.
@@ -33,7 +34,9 @@ def attention(
     that see no key give 0 and ``-inf``. ``mask`` is True = attend and broadcasts to
     ``[batch..., H, T, S]``. ``q_lengths``/``kv_lengths`` ``[batch...]``: queries and keys
     past them are padding, and query ``i`` of a sequence sits at position ``i + kv_length
-    - q_length``. Differentiable with torch autograd.
+    - q_length``. ``sinks [H]``: one more logit per row of head ``h``, in the softmax
+    but with no value (so rows that see no key get 0 and the sink as lse). Differentiable
+    with torch autograd.
     """
     q, k, v = (x.to(torch.float64) for x in (q, k, v))
     q_len, num_heads, head_dim = q.shape[-3:]
@@ -76,6 +79,10 @@ def attention(
         allowed = allowed & mask
 
     scores = scores.masked_fill(~allowed, -math.inf)
+    if sinks is not None:  # a last column of logits whose value is zero
+        sink = sinks.to(torch.float64)[:, None, None].expand(*scores.shape[:-1], 1)
+        scores = torch.cat([scores, sink], dim=-1)
+        v = torch.cat([v, torch.zeros_like(v[..., :1, :, :])], dim=-3)
     row_max = scores.amax(dim=-1, keepdim=True)
     empty = torch.isinf(row_max)
     weights = torch.exp(scores - torch.where(empty, 0.0, row_max))

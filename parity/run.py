@@ -19,7 +19,7 @@ from parity import reference
 from parity.case import Case, make_inputs
 from parity.compare import Error, Tolerance, compare, finite, tolerance
 
-QUANTITIES = ("out", "lse", "dq", "dk", "dv")
+QUANTITIES = ("out", "lse", "dq", "dk", "dv", "dsinks")  # dsinks: only in cases with sinks
 
 # A jaxtile implementation name, or a function with ``flash_attention``'s signature that
 # returns ``(out, lse)`` (it is called with ``return_lse=True``): a wrapper under test.
@@ -153,7 +153,7 @@ def torch_reference(case: Case, arrays: dict, device: str = "cpu") -> dict[str, 
             x = x.astype(np.float64)
         return torch.tensor(x, device=device, requires_grad=grad)
 
-    q, k, v = tensor("q", True), tensor("k", True), tensor("v", True)
+    q, k, v, sinks = tensor("q", True), tensor("k", True), tensor("v", True), tensor("sinks", True)
     out, lse = reference.attention(
         q,
         k,
@@ -163,6 +163,7 @@ def torch_reference(case: Case, arrays: dict, device: str = "cpu") -> dict[str, 
         mask=tensor("mask"),
         q_lengths=tensor("q_lengths"),
         kv_lengths=tensor("kv_lengths"),
+        sinks=sinks,
         **case.options(),
     )
     loss = (out * tensor("dout")).sum()
@@ -171,6 +172,8 @@ def torch_reference(case: Case, arrays: dict, device: str = "cpu") -> dict[str, 
         loss = loss + torch.where(torch.isinf(lse), 0.0, lse * dlse).sum()
     loss.backward()
     result = {"out": out, "lse": lse, "dq": q.grad, "dk": k.grad, "dv": v.grad}
+    if sinks is not None:
+        result["dsinks"] = sinks.grad
     return {name: x.detach().cpu().numpy() for name, x in result.items()}
 
 
@@ -188,7 +191,7 @@ def _paged_attend(case: Case, arrays: dict, implementation: Implementation, leng
     if kv_lengths is None:
         kv_lengths = jnp.full(case.batch, case.kv, jnp.int32)
 
-    def attend(q, k, v):
+    def attend(q, k, v, *sinks):
         return jaxtile.paged_attention(
             q,
             k_pool.at[:, page, offset].set(k.transpose(2, 0, 1, 3)),
@@ -198,16 +201,23 @@ def _paged_attend(case: Case, arrays: dict, implementation: Implementation, leng
             q_lengths=lengths["q_lengths"],
             implementation=implementation,
             return_lse=True,
+            **_sinks(sinks),
             **case.options(),
         )
 
     return attend
 
 
+def _sinks(sinks: tuple) -> dict:
+    """The ``sinks=`` keyword of an attention call, from ``attend``'s optional argument."""
+    return {"sinks": sinks[0]} if sinks else {}
+
+
 def jaxtile_function(case: Case, arrays: dict, implementation: Implementation):
     """A freshly jitted ``run`` and its arguments: ``run(*args)`` gives jaxtile's
-    ``(out, lse, dq, dk, dv)`` on the case's arrays, in their dtypes (a paged case
-    through `jaxtile.paged_attention`, gradients with respect to the contiguous k, v)."""
+    ``(out, lse, dq, dk, dv)`` (and ``dsinks`` for a case with sinks) on the case's
+    arrays, in their dtypes (a paged case through `jaxtile.paged_attention`, gradients
+    with respect to the contiguous k, v)."""
     segment_ids = None
     if arrays["q_segment_ids"] is not None:
         segment_ids = (jnp.asarray(arrays["q_segment_ids"]), jnp.asarray(arrays["kv_segment_ids"]))
@@ -221,7 +231,7 @@ def jaxtile_function(case: Case, arrays: dict, implementation: Implementation):
         if isinstance(implementation, str):
             implementation = functools.partial(jaxtile.flash_attention, implementation=implementation)
 
-        def attend(q, k, v):
+        def attend(q, k, v, *sinks):
             return implementation(
                 q,
                 k,
@@ -232,19 +242,20 @@ def jaxtile_function(case: Case, arrays: dict, implementation: Implementation):
                 block_q=case.block_q,
                 block_k=case.block_k,
                 return_lse=True,
+                **_sinks(sinks),
                 **case.options(),
             )
 
     @jax.jit
-    def run(q, k, v, dout, dlse):
-        (out, lse), vjp = jax.vjp(attend, q, k, v)
+    def run(dout, dlse, *primals):
+        (out, lse), vjp = jax.vjp(attend, *primals)
         return (out, lse, *vjp((dout, dlse)))
 
-    q, k, v, dout = (jnp.asarray(arrays[name]) for name in ("q", "k", "v", "dout"))
+    primals = [jnp.asarray(arrays[name]) for name in ("q", "k", "v", "sinks") if arrays[name] is not None]
     dlse = jnp.zeros((*case.batch, case.num_heads, case.q_len), jnp.float32)
     if arrays["dlse"] is not None:
         dlse = jnp.asarray(arrays["dlse"])
-    return run, (q, k, v, dout, dlse)
+    return run, (jnp.asarray(arrays["dout"]), dlse, *primals)
 
 
 def jaxtile_result(case: Case, arrays: dict, implementation: Implementation) -> dict[str, np.ndarray]:

@@ -59,6 +59,8 @@ def _unsupported_by_both(problem: Problem) -> str | None:
         return "its lse (if any) is not differentiable"
     if case.lengths is not None:
         return "no per-sequence lengths with jaxtile's alignment"
+    if case.sinks:
+        return "no attention sinks"
     if problem.has_empty_rows:
         return "a fully masked row is not 0 there"
     return None

@@ -115,6 +115,9 @@ BAD_INPUTS = [
     ("traced block_q", dict(block_q=Traced(16)), TypeError, "block_q must be a static"),
     ("traced block_k", dict(block_k=Traced(16)), TypeError, "block_k must be a static"),
     ("traced return_lse", dict(return_lse=Traced(True)), TypeError, "return_lse must be a static"),
+    ("sinks per batch", dict(sinks=jnp.zeros((2, Q.shape[2]))), ValueError, f"sinks must have shape ({Q.shape[2]},)"),
+    ("integer sinks", dict(sinks=jnp.zeros(Q.shape[2], jnp.int32)), TypeError, "sinks must have a floating dtype"),
+    ("sinks a list", dict(sinks=[0.0] * Q.shape[2]), TypeError, "sinks must be an array"),
 ]
 
 
@@ -263,3 +266,24 @@ def test_traced_lengths_are_clipped_to_the_sequence():
     )
     np.testing.assert_allclose(np.asarray(traced), np.asarray(clipped), rtol=1e-6, atol=1e-6)
     assert not np.asarray(traced[1]).any(), "a sequence of no queries has only padding rows (0)"
+
+
+def test_sinks_of_minus_infinity_are_no_sinks_and_empty_rows_stay_zero():
+    """A sink of ``-inf`` changes nothing; a row that sees no key keeps output 0 and
+    takes the sink as its lse, with finite gradients (the sink's among them)."""
+    heads = Q.shape[2]
+    none = jaxtile.flash_attention(Q, K, V, causal=True, return_lse=True)
+    off = jaxtile.flash_attention(Q, K, V, causal=True, sinks=jnp.full(heads, -jnp.inf), return_lse=True)
+    for x, y in zip(off, none):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    sinks = jnp.linspace(-1.0, 1.0, heads)
+    empty = jnp.zeros((1, 1, Q.shape[1], K.shape[1]), bool).at[..., 1:, :].set(True)  # row 0 sees nothing
+
+    def loss(q, k, v, sinks):
+        out, lse = jaxtile.flash_attention(q, k, v, mask=empty, sinks=sinks, return_lse=True)
+        return jnp.sum(out) + jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0.0)), (out, lse)
+
+    grads, (out, lse) = jax.grad(loss, argnums=(0, 1, 2, 3), has_aux=True)(Q, K, V, sinks)
+    assert not np.asarray(out[:, 0]).any(), "a row that sees no key is not 0"
+    np.testing.assert_array_equal(np.asarray(lse[:, :, 0]), np.broadcast_to(np.asarray(sinks), lse[:, :, 0].shape))
+    assert all(np.isfinite(np.asarray(g)).all() for g in grads)

@@ -72,6 +72,8 @@ GRID = (
         block_q=64,
         block_k=B,
     ),
+    # A cache shorter than one key tile, with lengths (no interior tile exists).
+    Case("lengths_cache_shorter_than_tile", batch=(2,), q_len=3, kv_len=5, lengths="kv", block_q=B, block_k=B),
     # One key per query: the exact dq, dk are 0 unless the lse is differentiated too.
     # Short queries against longer caches (split-KV decoding shares the key tiles out).
     Case("decode_split_mqa", batch=(1,), num_heads=4, num_kv_heads=1, q_len=1, kv_len=700, block_q=B, block_k=B),
@@ -94,6 +96,23 @@ GRID = (
     Case("decode_head_dim80_v48", q_len=5, kv_len=60, head_dim=80, head_dim_v=48, block_q=B, block_k=B),
     Case("decode_gqa3", num_heads=6, num_kv_heads=2, q_len=7, kv_len=50, causal=True, block_q=B, block_k=B),
     Case("decode_lse_cotangent", q_len=4, kv_len=64, causal=True, lse_grad=True, block_q=B, block_k=B),
+    # Learnable sinks: one more logit per head in every row's softmax, with no value.
+    Case("sinks_gqa_causal", num_heads=8, num_kv_heads=2, q_len=40, causal=True, sinks=True, block_q=B, block_k=B),
+    Case("sinks_empty_rows", q_len=50, mask="empty_rows", sinks=True, lse_grad=True, block_q=B, block_k=B),
+    Case("sinks_window_soft_cap", q_len=70, window=(9, 3), logits_soft_cap=5.0, sinks=True, block_q=B, block_k=B),
+    Case(
+        "sinks_decode_lengths",
+        batch=(3,),
+        num_heads=8,
+        num_kv_heads=2,
+        q_len=2,
+        kv_len=300,
+        causal=True,
+        lengths="ragged",
+        sinks=True,
+        block_q=B,
+        block_k=B,
+    ),
     Case("len1", q_len=1, lse_grad=True, block_q=B, block_k=B),
     Case("len17", q_len=17, causal=True, block_q=16, block_k=16),
     Case("len100", q_len=100, block_q=32, block_k=32),
@@ -125,6 +144,7 @@ HALF_PRECISION = (
     "gqa4_packed_ragged",
     "lengths_ragged_causal",
     "decode_split_lengths",
+    "sinks_gqa_causal",
 )
 HALF = ("bfloat16", "float16")
 CASES = (

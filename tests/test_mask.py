@@ -41,10 +41,25 @@ CONFIGS = [
 ]
 
 
-@pytest.mark.parametrize("q_len,kv_len,causal,window,bq,bk", CONFIGS)
-def test_spans_cover_exactly_the_visible_tiles(q_len, kv_len, causal, window, bq, bk):
-    spec = MaskSpec.create(q_len, kv_len, causal=causal, window=window)
+# Top-left positions (jax.nn's) on a third of the configurations.
+ALIGNED = [(*c, False) for c in CONFIGS] + [(*c, True) for c in CONFIGS[::3]]
+
+
+def _positions(spec: MaskSpec, q_length, kv_length) -> np.ndarray:
+    """Query positions by definition: ``i``, or bottom-right ``i + kv_length - q_length``."""
+    rows = np.arange(spec.q_len)[:, None]
+    return rows if spec.top_left else rows + kv_length - q_length
+
+
+@pytest.mark.parametrize("q_len,kv_len,causal,window,bq,bk,top_left", ALIGNED)
+def test_spans_cover_exactly_the_visible_tiles(q_len, kv_len, causal, window, bq, bk, top_left):
+    spec = MaskSpec.create(q_len, kv_len, causal=causal, window=window, top_left=top_left)
     vis = _visible(spec)
+    pos, keys = _positions(spec, q_len, kv_len), np.arange(kv_len)[None, :]
+    expected = np.ones_like(vis)
+    expected &= True if spec.left is None else keys >= pos - spec.left
+    expected &= True if spec.right is None else keys <= pos + spec.right
+    np.testing.assert_array_equal(vis, expected)
     n_q, n_kv = -(-q_len // bq), -(-kv_len // bk)
     forward = _pairs(lambda t: spec.kv_spans(t, bq, bk), n_q, n_kv, bq, bk)
     backward = _pairs(lambda u: spec.q_spans(u, bq, bk), n_kv, n_q, bk, bq)
@@ -177,12 +192,12 @@ def test_packed_documents_visit_only_their_own_tiles():
     assert visited == docs * per_doc * (per_doc + 1) // 2
 
 
-@pytest.mark.parametrize("q_len,kv_len,causal,window,bq,bk", CONFIGS[1::9])
-def test_length_spans_cover_exactly_the_visible_tiles(q_len, kv_len, causal, window, bq, bk):
+@pytest.mark.parametrize("q_len,kv_len,causal,window,bq,bk,top_left", ALIGNED[1::9])
+def test_length_spans_cover_exactly_the_visible_tiles(q_len, kv_len, causal, window, bq, bk, top_left):
     """Per-sequence lengths (one sequence full, one empty, the others random) with
-    positions aligned to them: both loop directions against brute force."""
+    positions aligned to them (or top-left): both loop directions against brute force."""
     rng = np.random.default_rng(q_len * 1000 + kv_len + 2)
-    spec = MaskSpec.create(q_len, kv_len, causal=causal, window=window, has_lengths=True)
+    spec = MaskSpec.create(q_len, kv_len, causal=causal, window=window, has_lengths=True, top_left=top_left)
     q_lengths = np.concatenate([[q_len, q_len], rng.integers(0, q_len + 1, size=3)]).astype(np.int32)
     kv_lengths = np.concatenate([[kv_len, 0], rng.integers(0, kv_len + 1, size=3)]).astype(np.int32)
     lengths = np.stack([q_lengths, kv_lengths], axis=-1)
@@ -194,7 +209,7 @@ def test_length_spans_cover_exactly_the_visible_tiles(q_len, kv_len, causal, win
         )
     )[:, None]
     for b in range(len(lengths)):
-        pos = np.arange(q_len)[:, None] + kv_lengths[b] - q_lengths[b]
+        pos = _positions(spec, q_lengths[b], kv_lengths[b])
         keys = np.arange(kv_len)[None, :]
         expected = (np.arange(q_len)[:, None] < q_lengths[b]) & (keys < kv_lengths[b])
         left, right = spec.left, spec.right

@@ -28,8 +28,9 @@ TOL = TOLERANCES["float32"]
 class TorchAttention(torch.nn.Module):
     """FlashTile's attention layout, with the parity reference as its attention."""
 
-    def __init__(self, embed_dim, num_heads, num_kv_heads, *, fused, bias, **options):
+    def __init__(self, embed_dim, num_heads, num_kv_heads, *, fused, bias, sinks=False, **options):
         super().__init__()
+        self.sinks = torch.nn.Parameter(torch.randn(num_heads)) if sinks else None
         self.shape = (num_heads, num_kv_heads, embed_dim // num_heads)
         self.options = options
         head_dim = embed_dim // num_heads
@@ -49,7 +50,7 @@ class TorchAttention(torch.nn.Module):
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         q = q.unflatten(-1, (num_heads, head_dim))
         k, v = (t.unflatten(-1, (num_kv_heads, head_dim)) for t in (k, v))
-        out, _ = reference.attention(q, k, v, **self.options)
+        out, _ = reference.attention(q, k, v, sinks=self.sinks, **self.options)
         return self.out_proj(out.flatten(-2))
 
 
@@ -57,6 +58,7 @@ LAYERS = [
     dict(embed_dim=32, num_heads=4, num_kv_heads=2, fused=True, bias=True, causal=True),
     dict(embed_dim=48, num_heads=4, num_kv_heads=4, fused=True, bias=False, window=(5, 2)),
     dict(embed_dim=32, num_heads=4, num_kv_heads=1, fused=False, bias=True, causal=True, window=(7, 0)),
+    dict(embed_dim=32, num_heads=4, num_kv_heads=2, fused=False, bias=False, causal=True, sinks=True),
 ]
 
 
@@ -64,7 +66,7 @@ LAYERS = [
 def test_attention_matches_torch_module(layer):
     torch.manual_seed(0)
     shape = {k: layer[k] for k in ("embed_dim", "num_heads", "num_kv_heads")}
-    options = {k: v for k, v in layer.items() if k in ("causal", "window")}
+    options = {k: v for k, v in layer.items() if k in ("causal", "window", "sinks")}
     module = TorchAttention(**shape, fused=layer["fused"], bias=layer["bias"], **options).double()
     ours = nn.Attention(
         **shape, fused_qkv=layer["fused"], bias=layer["bias"], block_q=16, block_k=16, rngs=nnx.Rngs(0), **options

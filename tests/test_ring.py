@@ -111,6 +111,42 @@ def check_every_ring_implementation():
         _check_ring(mesh, implementation, causal=True, num_kv_heads=2, segments=False, block=16)
 
 
+def check_ring_with_sinks():
+    # The sinks join each row once, after the ring: out, lse and all four gradients
+    # equal single-device flash_attention's (the sinks' gradient summed over shards).
+    mesh = Mesh(np.array(jax.devices()), ("seq",))
+    arrays = _arrays(2, 16 * 8, 4, 2, 16, seed=3)
+    sinks = jnp.asarray(np.random.default_rng(4).standard_normal(4), jnp.float32)
+    options = dict(causal=True, implementation="scan_v2", block_q=8, block_k=8, return_lse=True)
+
+    def run(attend, q, k, v, sinks, dout):
+        (out, lse), vjp = jax.vjp(lambda *p: attend(*p), q, k, v, sinks)
+        return (out, lse, *vjp((dout, jnp.zeros_like(lse))))
+
+    def ring(q, k, v, sinks, dout):
+        out, lse, dq, dk, dv, dsinks = run(
+            lambda *p: jaxtile.ring_attention(*p[:3], axis_name="seq", sinks=p[3], **options), q, k, v, sinks, dout
+        )
+        return out, lse, dq, dk, dv, jax.lax.psum(dsinks, "seq")
+
+    seq, lse_spec = P(None, "seq"), P(None, None, "seq")
+    sharded = jax.jit(
+        jax.shard_map(
+            ring,
+            mesh=mesh,
+            in_specs=(seq, seq, seq, P(), seq),
+            out_specs=(seq, lse_spec, seq, seq, seq, P()),
+            check_vma=False,
+        )
+    )
+    args = (arrays["q"], arrays["k"], arrays["v"], sinks, arrays["dout"])
+    got = sharded(*args)
+    expected = run(lambda *p: jaxtile.flash_attention(*p[:3], sinks=p[3], **options), *args)
+    for name, x, ref in zip((*QUANTITIES, "dsinks"), got, expected):
+        error = compare(np.asarray(x), np.asarray(ref), TOLERANCES["float32"])
+        assert error.ok, f"ring with sinks: {name} differs from single-device flash_attention: {error}"
+
+
 def _eqns(jaxpr):
     """Every equation of ``jaxpr`` and of the jaxprs nested in it."""
     for eqn in jaxpr.eqns:

@@ -28,8 +28,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jaxtile import _inputs, api, registry
 from jaxtile import _softmax as sm
-from jaxtile import api, registry
 from jaxtile._core import Config, Inputs
 
 
@@ -148,6 +148,7 @@ def ring_attention(
     causal: bool = False,
     segment_ids: jax.Array | tuple[jax.Array, jax.Array] | None = None,
     logits_soft_cap: float | None = None,
+    sinks: jax.Array | None = None,
     scale: float | None = None,
     implementation: str | None = None,
     block_q: int | None = None,
@@ -169,7 +170,8 @@ def ring_attention(
       causal: causal attention over the global positions; needs ``n_q == n_kv``.
       segment_ids: local shards of the segment ids, ``[batch..., n]`` (when
         ``n_q == n_kv``) or a ``(q_ids, kv_ids)`` pair; the kv ids travel with k and v.
-      logits_soft_cap, scale, block_q, block_k, tuning: as in `jaxtile.flash_attention`.
+      logits_soft_cap, sinks, scale, block_q, block_k, tuning: as in
+        `jaxtile.flash_attention` (the sinks join each row once, after the ring).
       implementation: an implementation whose backward pass the global lse can drive
         (`Implementation.lse_backward`: ``"scan_v2"``, ``"pallas_v2"``), or None for the
         fastest of those on the platform.
@@ -202,7 +204,10 @@ def ring_attention(
         raise ValueError(f"causal ring attention needs query and key shards of equal length; got {q_len=}, {kv_len=}")
     remote = dataclasses.replace(diagonal, mask=dataclasses.replace(diagonal.mask, right=None))
     ring = _Ring(implementation, diagonal, remote, axis_name, lax.axis_size(axis_name), causal)
+    sinks = _inputs.check_sinks(sinks, inputs.q.shape[2])
     out, lse = _ring(inputs, ring)
+    if sinks is not None:
+        out, lse = sm.with_sinks(out, lse, sinks)
     out = out.reshape(*batch, *out.shape[1:])
     if not return_lse:
         return out
