@@ -189,27 +189,20 @@ class Attention(nnx.Module):
         keys (e.g. FlashTile's buffers) are ignored; missing or misshapen ones raise.
         """
         names = ("qkv_proj",) if self.fused_qkv else ("q_proj", "k_proj", "v_proj")
-        if self.sinks is not None:
-            if "sinks" not in state_dict:
-                raise KeyError(f"state_dict has no 'sinks'; it has {sorted(state_dict)}")
-            sinks = _numpy(state_dict["sinks"])
-            if sinks.shape != self.sinks.shape:
-                raise ValueError(f"sinks has shape {sinks.shape}; this layer needs {self.sinks.shape}")
-            self.sinks[...] = jnp.asarray(sinks, self.sinks.dtype)
+        params = [] if self.sinks is None else [("sinks", self.sinks, False)]
         for name in (*names, "out_proj"):
             layer = getattr(self, name)
-            params = [("weight", layer.kernel, True)]
+            params.append((f"{name}.weight", layer.kernel, True))
             if layer.bias is not None:
-                params.append(("bias", layer.bias, False))
-            for suffix, param, transpose in params:
-                key = f"{name}.{suffix}"
-                if key not in state_dict:
-                    raise KeyError(f"state_dict has no {key!r}; it has {sorted(state_dict)}")
-                array = _numpy(state_dict[key])
-                needed = param.shape[::-1] if transpose else param.shape
-                if array.shape != needed:
-                    raise ValueError(f"{key} has shape {array.shape}; this layer needs {needed}")
-                param[...] = jnp.asarray(array.T if transpose else array, param.dtype)
+                params.append((f"{name}.bias", layer.bias, False))
+        for key, param, transpose in params:
+            if key not in state_dict:
+                raise KeyError(f"state_dict has no {key!r}; it has {sorted(state_dict)}")
+            array = _numpy(state_dict[key])
+            needed = param.shape[::-1] if transpose else param.shape
+            if array.shape != needed:
+                raise ValueError(f"{key} has shape {array.shape}; this layer needs {needed}")
+            param[...] = jnp.asarray(array.T if transpose else array, param.dtype)
 
 
 def _numpy(x) -> np.ndarray:

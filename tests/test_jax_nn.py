@@ -61,7 +61,16 @@ def problems(draw, max_q_len: int | None) -> dict:
     return arrays | {"options": options}
 
 
-def _visible(query, key, *, is_causal, local_window_size=None, query_seq_lengths=None, **rest) -> np.ndarray:
+def _visible(
+    query,
+    key,
+    *,
+    is_causal,
+    local_window_size=None,
+    query_seq_lengths=None,
+    key_value_seq_lengths=None,
+    mask=None,
+) -> np.ndarray:
     """``[batch, heads, q_len, kv_len]`` bool: jax.nn's mask, rebuilt in NumPy from its
     documentation (top-left positions)."""
     batch, q_len, num_heads = query.shape[:3]
@@ -75,10 +84,10 @@ def _visible(query, key, *, is_causal, local_window_size=None, query_seq_lengths
         ok &= (i - left <= j) & (j <= i + right)
     if query_seq_lengths is not None:
         ok &= i < np.asarray(query_seq_lengths)[:, None, None, None]
-    if rest.get("key_value_seq_lengths") is not None:
-        ok &= j < np.asarray(rest["key_value_seq_lengths"])[:, None, None, None]
-    if rest.get("mask") is not None:
-        ok &= np.asarray(rest["mask"])
+    if key_value_seq_lengths is not None:
+        ok &= j < np.asarray(key_value_seq_lengths)[:, None, None, None]
+    if mask is not None:
+        ok &= np.asarray(mask)
     return ok
 
 

@@ -120,7 +120,7 @@ def check_ring_with_sinks():
     options = dict(causal=True, implementation="scan_v2", block_q=8, block_k=8, return_lse=True)
 
     def run(attend, q, k, v, sinks, dout):
-        (out, lse), vjp = jax.vjp(lambda *p: attend(*p), q, k, v, sinks)
+        (out, lse), vjp = jax.vjp(attend, q, k, v, sinks)
         return (out, lse, *vjp((dout, jnp.zeros_like(lse))))
 
     def ring(q, k, v, sinks, dout):
