@@ -37,7 +37,7 @@ case "$stage" in
 check)
     # The jax.nn property test compiles every example: 4 per kernel keep the stage in its box.
     JAXTILE_HYPOTHESIS_EXAMPLES=4 XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 540 python -m pytest -q -p no:cacheprovider -n 12 \
-        tests/test_gpu.py tests/test_correctness.py tests/test_determinism.py tests/test_numerics.py tests/test_jax_nn.py \
+        tests/test_gpu.py tests/test_correctness.py tests/test_determinism.py tests/test_numerics.py tests/test_jax_nn.py tests/test_autodiff.py \
         -k "pallas or gpu" 2>&1 | tee "$out/gpu_tests.log" | tail -8
     ;;
 perf)

@@ -132,6 +132,36 @@ PagedForward = Callable[[Inputs, Config, tuple[jax.Array, jax.Array, jax.Array]]
 Attention = Callable[[Inputs, Config], tuple[jax.Array, jax.Array]]
 
 
+class Unsupported(NotImplementedError):
+    """The call needs something the chosen implementation's record says it lacks."""
+
+
+def every_tile(config: Config) -> Config:
+    """``config`` with loops over every tile (`MaskSpec.every_tile`)."""
+    return dataclasses.replace(config, mask=dataclasses.replace(config.mask, every_tile=True))
+
+
+# derivative(config) -> a function of a pass's arrays that computes what the pass does in
+# code JAX differentiates, or raises `Unsupported`.
+Derivative = Callable[[Config], Callable[..., Any]]
+
+
+def differentiated_as(pass_: Callable[..., Any], derivative: Derivative) -> Callable[..., Any]:
+    """``pass_(*arrays, config)`` (a forward or backward pass, its static config last),
+    whose JVP is that of ``derivative(config)``: what forward-mode autodiff and second
+    derivatives take from it. A pass's loops skip tiles with bounds computed at run
+    time, which JAX can differentiate in forward mode only; ``derivative`` is the same
+    pass over every tile (`every_tile`), or one that raises."""
+
+    def run(*args):
+        *arrays, config = args
+        compute = jax.custom_jvp(lambda *arrays: pass_(*arrays, config))
+        compute.defjvp(lambda primals, tangents: jax.jvp(derivative(config), primals, tangents))
+        return compute(*arrays)
+
+    return run
+
+
 def differentiable(forward: Forward, backward: Backward) -> Attention:
     """Returns ``attention(inputs, config) -> (out, lse)`` with a recomputing VJP.
 

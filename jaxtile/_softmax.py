@@ -190,7 +190,7 @@ def masked_dot(dot, p, v, visible=None):
     seen = jnp.broadcast_to(visible, p.shape).astype(jnp.bfloat16)
     count = dot(seen, jnp.where(finite, 0.0, 1.0).astype(jnp.bfloat16))
     sign = dot(seen, jnp.where(v == jnp.inf, 1.0, jnp.where(v == -jnp.inf, -1.0, 0.0)).astype(jnp.bfloat16))
-    special = jnp.where(count == jnp.abs(sign), sign * jnp.inf, jnp.nan)
+    special = jnp.where(count == jnp.abs(sign), sign * jnp.inf, jnp.nan).astype(product.dtype)
     return jnp.where(count > 0, special, product)
 
 
@@ -225,14 +225,14 @@ def merge(out, lse):
       ``out [b, n, h, dv]`` float32, the parts weighted by ``exp(lse_part - lse)``, and
       ``lse [b, h, n]``, their log-sum-exp; 0 and ``-inf`` where no part saw a key.
     """
-    peak = jnp.max(lse, axis=0)
+    peak = jnp.max(lse, axis=0, keepdims=True)
     base = jnp.where(peak == -jnp.inf, 0.0, peak)
     weight = jnp.exp(lse - base)
-    total = jnp.sum(weight, axis=0)
+    total = jnp.sum(weight, axis=0, keepdims=True)
     empty = total == 0.0
     weight = jnp.swapaxes(weight / jnp.where(empty, 1.0, total), -1, -2)[..., None]
     merged = jnp.sum(out.astype(jnp.float32) * weight, axis=0)
-    return merged, jnp.where(empty, -jnp.inf, base + jnp.log(jnp.where(empty, 1.0, total)))
+    return merged, jnp.where(empty, -jnp.inf, base + jnp.log(jnp.where(empty, 1.0, total)))[0]
 
 
 @jax.jit

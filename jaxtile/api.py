@@ -8,8 +8,10 @@ import functools
 from collections.abc import Callable
 
 import jax
+from jax.interpreters import ad
+from jax.interpreters import partial_eval as pe
 
-from jaxtile import _inputs, _softmax, registry
+from jaxtile import _core, _inputs, _softmax, registry
 from jaxtile._core import Config, Inputs
 from jaxtile.distributed import _sharding
 
@@ -64,22 +66,32 @@ def _choose(inputs: Inputs, config: Config, require: Requirement | None) -> regi
 
 
 @functools.cache
-def compiled(implementation: registry.Implementation):
+def compiled(implementation: registry.Implementation, jax_autodiff: bool = False):
     """``implementation``'s attention ``(inputs, config, sinks=None) -> (out, lse)``,
     jitted with its static config so that calls outside ``jit`` compile once per shape
     and option set: its forward and recomputing backward joined into one ``custom_vjp``
     and run per batch/head shard (`_sharding.partitioned`); an implementation without a
     backward pass is plain JAX, differentiated and partitioned by JAX itself. ``sinks``
     (`_softmax.with_sinks`) fold into the result outside the implementation, so every
-    implementation takes them and autodiff gives their gradient."""
-    if implementation.backward is None:
+    implementation takes them and autodiff gives their gradient.
+
+    Second derivatives differentiate the passes themselves: a record that is
+    ``jax_differentiable`` runs them over every tile there (`_core.differentiated_as`),
+    the others raise `registry.Unsupported`. ``jax_autodiff`` (forward-mode calls, which
+    a ``custom_vjp`` refuses) runs the forward pass over every tile alone, for JAX to
+    differentiate in either mode.
+    """
+    forward = implementation.forward
+    if jax_autodiff or implementation.backward is None:
 
         def attention(inputs: Inputs, config: Config):
-            out, lse, _ = implementation.forward(inputs, config)
+            out, lse, _ = forward(inputs, _core.every_tile(config) if jax_autodiff else config)
             return out, lse
 
     else:
-        attention = _sharding.partitioned(implementation.forward, implementation.backward)
+        attention = _sharding.partitioned(
+            forward, implementation.backward, functools.partial(_derivative, implementation)
+        )
 
     def attend(inputs: Inputs, config: Config, sinks=None):
         out, lse = attention(inputs, config)
@@ -88,12 +100,44 @@ def compiled(implementation: registry.Implementation):
     return jax.jit(attend, static_argnums=1)
 
 
+def _derivative(implementation: registry.Implementation, pass_: Callable) -> _core.Derivative:
+    """What differentiating one of ``implementation``'s passes runs (`_core.Derivative`)."""
+
+    def derivative(config: Config):
+        if implementation.jax_differentiable:
+            return lambda *arrays: pass_(*arrays, _core.every_tile(config))
+        able = [i.name for i in registry.implementations() if i.jax_differentiable]
+        raise registry.Unsupported(
+            f"{implementation.name!r} has first derivatives only (its kernels are opaque to JAX); "
+            f"second derivatives and forward-mode autodiff need one of {able}"
+        )
+
+    return derivative
+
+
+def _forward_mode(*arrays) -> bool:
+    """Whether an array is differentiated in forward mode (``jax.jvp``, ``jax.jacfwd``,
+    the outer derivative of ``jax.hessian``) at this call: a tracer of a JVP, possibly
+    under reverse-mode and batching tracers. (Reverse mode linearises, with its own
+    tracers; forward mode applied to a whole ``jit`` is seen by JAX alone.)"""
+    stack = [x for x in arrays if isinstance(x, jax.core.Tracer)]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, ad.JVPTracer) and not isinstance(x.tangent, pe.JaxprTracer):
+            return True
+        stack += [y for y in (getattr(x, "primal", None), getattr(x, "val", None)) if isinstance(y, jax.core.Tracer)]
+    return False
+
+
 def attend(query, key, value, *, sinks, return_lse: bool, **options):
     """`flash_attention`'s body, shared with `jaxtile.dot_product_attention`: ``options``
     are `prepare`'s (``top_left`` among them)."""
+    forward_mode = _forward_mode(query, key, value, sinks)
+    if forward_mode:
+        options["require"] = (lambda i: i.jax_differentiable, "forward-mode autodiff needs passes JAX differentiates")
     chosen, inputs, config, batch = prepare(query, key, value, return_lse=return_lse, **options)
     sinks = _inputs.check_sinks(sinks, inputs.q.shape[2])
-    out, lse = compiled(chosen)(inputs, config, sinks)
+    out, lse = compiled(chosen, forward_mode)(inputs, config, sinks)
     out = out.reshape(*batch, *out.shape[1:])
     if not return_lse:
         return out

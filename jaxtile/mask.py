@@ -37,6 +37,7 @@ import dataclasses
 from typing import NamedTuple
 
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 
@@ -45,10 +46,16 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _tile_div(a, b: int):
+    """Floor division of a non-negative tile index or position (an int, NumPy or traced
+    integer) by a positive int, as an int32 array: span bounds keep one type on every
+    path, with 64-bit integers enabled too."""
+    return lax.div(jnp.asarray(a, jnp.int32), np.int32(b))
+
+
 def _tile_cdiv(a, b: int):
-    """Ceiling division of a tile index or position (an int, NumPy or traced int32) by a
-    positive int, as an int32 array: span bounds keep one type on every path."""
-    return lax.div(a + (b - 1), b)
+    """Ceiling division as `_tile_div`."""
+    return _tile_div(a + (b - 1), b)
 
 
 def _same_rank(a, b, op):
@@ -126,7 +133,7 @@ def bounds_from_classes(classes) -> jnp.ndarray:
     lo = first(seen, 0)
     hi = jnp.where(jnp.any(seen, axis=-1), n - jnp.argmax(seen[..., ::-1], axis=-1).astype(jnp.int32), 0)
     full_lo = first(full, lo)
-    full_hi = first((index >= full_lo[..., None]) & ~full, n)
+    full_hi = first(_same_rank(index, full_lo[..., None], jnp.greater_equal) & ~full, n)
     full_lo = _clip(full_lo, lo, hi)
     return jnp.stack([lo, full_lo, _clip(full_hi, full_lo, hi), hi], axis=-1)
 
@@ -146,7 +153,7 @@ def uniform_bounds(bounds) -> jnp.ndarray:
 def _first_tile(index, n: int, block: int):
     """The tile of ``block`` that holds ``index`` (clipped to 0), or the number of tiles
     when ``index`` is past ``n``: the first tile a span visits from there."""
-    return jnp.where(index >= n, _tile_cdiv(n, block), lax.div(_clip(index, 0, n), block))
+    return jnp.where(index >= n, _tile_cdiv(n, block), _tile_div(_clip(index, 0, n), block))
 
 
 def _segment_range(ids, block: int):
@@ -190,6 +197,9 @@ class MaskSpec:
         alignment) instead of ``i + kv_len - q_len`` (bottom-right, flash-attn's and
         cuDNN's; with lengths, ``i + kv_length - q_length`` per sequence). Key ``j``
         has position ``j`` either way.
+      every_tile: the span functions visit every tile, masked, with static bounds: the
+        loops of a pass become ones JAX can differentiate in reverse mode (what its
+        second derivatives need), at the cost of the tiles the mask would skip.
     """
 
     q_len: int
@@ -200,6 +210,7 @@ class MaskSpec:
     has_dense_mask: bool = False
     has_lengths: bool = False
     top_left: bool = False
+    every_tile: bool = False
 
     @classmethod
     def create(
@@ -251,6 +262,7 @@ class MaskSpec:
         Returns:
           bool array of the broadcast shape.
         """
+        q_idx, kv_idx = jnp.asarray(q_idx, jnp.int32), jnp.asarray(kv_idx, jnp.int32)
         if self.has_lengths:
             q_length, kv_length = lengths
             pos = q_idx if self.top_left else _same_rank(q_idx, kv_length - q_length, jnp.add)
@@ -333,8 +345,8 @@ class MaskSpec:
         """Per-tile bounds of the runtime mask (`tile_classes`'s arguments), for the span
         functions: ``[1|batch, 1|heads, n_q_tiles, 4]`` for `kv_spans`, or with
         ``transposed`` ``[..., n_kv_tiles, 4]`` for `q_spans`; None if the mask has no
-        runtime part."""
-        if self.is_structured:
+        runtime part (or `every_tile` visits them all)."""
+        if self.is_structured or self.every_tile:
             return None
         classes = self.tile_classes(block_q, block_k, **runtime)
         return bounds_from_classes(jnp.swapaxes(classes, -1, -2) if transposed else classes)
@@ -352,6 +364,8 @@ class MaskSpec:
             without it a mask with runtime parts visits every tile its positions allow,
             masked.
         """
+        if self.every_tile:
+            return (TileSpan(0, cdiv(self.kv_len, block_k), True),)
         if self.has_lengths:
             # Positions are aligned per sequence: the runtime bounds hold them. (A tile
             # is interior only if it holds block_k keys.)
@@ -374,7 +388,7 @@ class MaskSpec:
         if self.right is None:
             full_hi = n_kv // block_k
         else:
-            full_hi = lax.div(_clip(first + self.right + 1, 0, n_kv), block_k)
+            full_hi = _tile_div(_clip(first + self.right + 1, 0, n_kv), block_k)
         positional = TileBounds(lo, full_lo, _clip(full_hi, full_lo, hi), hi)
         return self._spans(
             positional,
@@ -392,6 +406,8 @@ class MaskSpec:
         rows past ``q_len`` are not masked in interior tiles: callers load them as zeros
         with an lse of +inf, so they contribute nothing.
         """
+        if self.every_tile:
+            return (TileSpan(0, cdiv(self.q_len, block_q), True),)
         if self.has_lengths:
             n = cdiv(self.q_len, block_q)
             return self._spans(TileBounds(0, 0, n, n), bounds, head=True, interior=True, tail=True)
@@ -412,7 +428,7 @@ class MaskSpec:
         if self.left is None:
             full_hi = hi
         else:
-            full_hi = lax.div(jnp.maximum(first + self.left - self.offset + 1, 0), block_q)
+            full_hi = _tile_div(jnp.maximum(first + self.left - self.offset + 1, 0), block_q)
         full_hi = _clip(full_hi, full_lo, hi)
         ragged_kv = self.kv_len % block_k != 0
         if ragged_kv:

@@ -92,6 +92,7 @@ IMPLEMENTATION = registry.register(
         forward=_forward,
         backward=None,
         memory=_memory,
+        jax_differentiable=True,
         tiled=False,
         speed=0,
     )

@@ -28,6 +28,7 @@ from collections.abc import Callable
 
 import jax.numpy as jnp
 
+from jaxtile import _core
 from jaxtile._core import Backward, Config, Forward, Inputs, PagedForward, Shape
 
 DTYPES = frozenset({"float32", "bfloat16", "float16"})
@@ -63,6 +64,10 @@ class Implementation:
       default_block: its tile when ``block_q``/``block_k`` are None (None: its own rule).
       lse_backward: ``stats`` is the lse, so ``backward`` can be driven by the lse of a
         larger attention the call is part of (ring attention).
+      jax_differentiable: its passes are JAX code that JAX differentiates itself once
+        `MaskSpec.every_tile` gives their loops static bounds: it takes forward-mode
+        autodiff and second derivatives (`jaxtile.api.compiled`); the others raise
+        `Unsupported` there.
       tuning: the type of its ``tuning=`` argument, or None if it takes none.
       speed: preference for ``implementation=None`` (higher first).
       deterministic: bitwise-reproducible forward and backward.
@@ -86,6 +91,7 @@ class Implementation:
     power_of_two_blocks: bool = False
     default_block: int | None = None
     lse_backward: bool = False
+    jax_differentiable: bool = False
     tuning: type | None = None
     speed: int = 0
     deterministic: bool = True
@@ -134,8 +140,7 @@ def features_of(inputs: Inputs, config: Config) -> frozenset[str]:
     return frozenset(name for name, on in used.items() if on)
 
 
-class Unsupported(NotImplementedError):
-    """The call needs something the chosen implementation's record says it lacks."""
+Unsupported = _core.Unsupported
 
 
 _REGISTRY: dict[str, Implementation] = {}

@@ -2,12 +2,14 @@
 
 Outputs, lse and all three gradients (under a random output cotangent) are compared
 with the tolerances of ``parity.compare``. The grid is declared once, below; each
-implementation runs all of it (float32), plus the cases marked for 16-bit dtypes.
+implementation runs all of it (float32), plus the cases marked for 16-bit dtypes, and
+a slice of it under each global setting JAX users and test suites turn on.
 """
 
 from __future__ import annotations
 
 import pytest
+from jax_settings import SETTINGS
 
 from parity.case import Case
 from parity.run import run_case
@@ -164,7 +166,25 @@ CASES = (
 )
 
 
+SETTINGS_SLICE = (
+    "gqa4_packed_ragged",
+    "segments_causal",
+    "mask_random",
+    "lengths_ragged_causal",
+    "decode_split_lengths",
+    "sinks_gqa_causal_bfloat16",
+)
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_matches_float64_reference(impl, case):
     result = run_case(case, impl.name)
+    assert result.ok, result.describe()
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+@pytest.mark.parametrize("case", [c for c in CASES if c.name in SETTINGS_SLICE], ids=lambda c: c.name)
+def test_matches_float64_reference_under_setting(impl, case, setting):
+    with SETTINGS[setting]():
+        result = run_case(case, impl.name)
     assert result.ok, result.describe()

@@ -12,6 +12,7 @@ and ``JAXTILE_HYPOTHESIS_SEED`` change them, as in ``test_properties``).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import zlib
@@ -23,6 +24,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, seed, settings
 from hypothesis import strategies as st
+from jax_settings import jax_test_config
 
 import jaxtile
 from parity.compare import TOLERANCES, compare
@@ -91,8 +93,8 @@ def _visible(
     return ok
 
 
-def _budget(implementation: str, slow: bool):
-    examples = int(os.environ.get("JAXTILE_HYPOTHESIS_EXAMPLES", EXAMPLES[slow]))
+def _budget(implementation: str, slow: bool, examples: int | None = None):
+    examples = examples or int(os.environ.get("JAXTILE_HYPOTHESIS_EXAMPLES", EXAMPLES[slow]))
     chosen = zlib.crc32(f"jax_nn/{implementation}".encode()) + int(os.environ.get("JAXTILE_HYPOTHESIS_SEED", 0))
     budget = settings(max_examples=examples, database=None, deadline=None, suppress_health_check=list(HealthCheck))
     return lambda test: seed(chosen)(budget(test))
@@ -110,11 +112,12 @@ def _run(attention, query, key, value, dout, row_weight, options):
     return (out, lse, *grads)
 
 
-def test_random_problems_match_jax_nn(impl):
+def _check_random_problems(impl, examples: int | None = None, setting=contextlib.nullcontext):
+    """The property test, jaxtile running under ``setting`` (jax.nn under defaults)."""
     slow = jax.default_backend() not in impl.platforms
     block = 16 if impl.power_of_two_blocks else 8
 
-    @_budget(impl.name, slow)
+    @_budget(impl.name, slow, examples)
     @given(problems(impl.max_q_len))
     def check(problem):
         options = problem.pop("options")
@@ -126,7 +129,8 @@ def test_random_problems_match_jax_nn(impl):
         mine = functools.partial(jaxtile.dot_product_attention, implementation=impl.name, block_q=block, block_k=block)
         theirs = functools.partial(jax.nn.dot_product_attention, implementation="xla")
         args = (problem["query"], problem["key"], problem["value"], problem["dout"], jnp.asarray(sees, jnp.float32))
-        got = _run(mine, *args, options)
+        with setting():
+            got = _run(mine, *args, options)
         with jax.default_matmul_precision("highest"):  # XLA's float32 default on GPUs is TF32
             expected = _run(theirs, *args, options)
         what = f"{impl.name} {dict((k, v.shape) for k, v in problem.items())} {options}"
@@ -141,6 +145,15 @@ def test_random_problems_match_jax_nn(impl):
             assert error.ok, f"{what}: {name} {error}"
 
     check()
+
+
+def test_random_problems_match_jax_nn(impl):
+    _check_random_problems(impl)
+
+
+def test_random_problems_match_jax_nn_under_jax_test_config(impl):
+    # JAX's own test settings with x64 (under which jax.nn's lengths fail itself).
+    _check_random_problems(impl, examples=3, setting=jax_test_config)
 
 
 def _arrays(batch=(2,), q_len=24, kv_len=24, num_heads=4, num_kv_heads=2, head_dim=16, seed=0):

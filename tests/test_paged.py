@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax_settings import jax_test_config
 
 import jaxtile
 from parity.compare import compare, tolerance
@@ -320,6 +321,14 @@ def test_other_implementations_agree():
     arrays = _inputs(case)
     for implementation in ("reference", "scan_v1"):
         _check(case, arrays, *_paged(arrays, implementation=implementation, **case.options()))
+
+
+def test_every_implementation_under_jax_test_config(impl):
+    case = CASES[3]  # decode3_mqa_causal_ps16
+    arrays = _inputs(case)
+    with jax_test_config():
+        got = _paged(arrays, implementation=impl.name, **case.options())
+    _check(case, arrays, *got)
 
 
 # Valid arguments: batch 3, q_len 2, 4 heads, 2 kv heads, head_dim 8, 10 pages of 4, 3 pages per sequence.

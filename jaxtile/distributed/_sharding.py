@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -38,7 +39,7 @@ from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxtile._core import Attention, Backward, Config, Forward, Inputs, differentiable
+from jaxtile._core import Attention, Backward, Config, Derivative, Forward, Inputs, differentiable, differentiated_as
 
 # What each argument and result of a pass is, spelled by its dimensions: b batch, q query
 # rows, t key rows, h query heads, k kv heads, d and e head dims. Softmax statistics are
@@ -190,14 +191,16 @@ def _unbatched(partitioned_fun, plain_fun):
     return fun
 
 
-def partitioned(forward: Forward, backward: Backward) -> Attention:
+def partitioned(forward: Forward, backward: Backward, derivative: Callable[[Callable], Derivative]) -> Attention:
     """An implementation's passes as one differentiable attention run per batch/head
     shard: ``(inputs, config) -> (out, lse)``.
 
     ``forward`` and ``backward`` each run inside ``custom_partitioning`` (the forward's
     statistics must be per-row, ``[batch, num_heads, ...]``, else they are left to XLA's
     partitioner), and `_core.differentiable` joins them; inputs sharded in their types
-    take `_explicit_shards` instead.
+    take `_explicit_shards` instead. ``derivative(pass)`` is what differentiating a pass
+    runs (`_core.differentiated_as`): unpartitioned, since ``custom_partitioning`` has
+    no differentiation rule, and left to XLA's partitioner.
     """
 
     def forward_shards(inputs: Inputs, config: Config):
@@ -207,8 +210,9 @@ def partitioned(forward: Forward, backward: Backward) -> Attention:
         roles = ((_INPUTS, _SEQ_Q, _ROWS, _SEQ_Q, _ROWS), (_SEQ_Q, _SEQ_K, _SEQ_K))
         return _per_shard(backward, *roles, (inputs, out, stats, dout, dlse), config)
 
-    auto = differentiable(forward_shards, backward_shards)
-    plain = differentiable(forward, backward)
+    forward_d, backward_d = derivative(forward), derivative(backward)
+    auto = differentiable(differentiated_as(forward_shards, forward_d), differentiated_as(backward_shards, backward_d))
+    plain = differentiable(differentiated_as(forward, forward_d), differentiated_as(backward, backward_d))
 
     def attend(inputs: Inputs, config: Config):
         if (sharding := _explicit_sharding(inputs)) is None:

@@ -167,6 +167,7 @@ def rows(x, index, block: int, axis: int):
 def visible(spec: MaskSpec, x: Tiled, tiling: Tiling, q_tile, kv_tile):
     """Element-wise mask of one tile pair, ``[1|batch, 1|kv_heads, 1|group, block_q, block_k]``."""
     bq, bk = tiling.block_q, tiling.block_k
+    q_tile, kv_tile = jnp.asarray(q_tile, jnp.int32), jnp.asarray(kv_tile, jnp.int32)
     q_seg = kv_seg = dense = lengths = None
     if spec.has_lengths:
         lengths = (x.lengths[:, 0, None, None, None, None], x.lengths[:, 1, None, None, None, None])
@@ -180,8 +181,8 @@ def visible(spec: MaskSpec, x: Tiled, tiling: Tiling, q_tile, kv_tile):
         if dense.shape[4] > 1:
             dense = rows(dense, kv_tile, bk, 4)
     vis = spec.visible(
-        q_tile * bq + jnp.arange(bq)[:, None],
-        kv_tile * bk + jnp.arange(bk)[None, :],
+        q_tile * bq + jnp.arange(bq, dtype=jnp.int32)[:, None],
+        kv_tile * bk + jnp.arange(bk, dtype=jnp.int32)[None, :],
         q_segment=q_seg,
         kv_segment=kv_seg,
         dense=dense,

@@ -170,6 +170,7 @@ IMPLEMENTATION = registry.register(
         forward=_forward,
         backward=_backward,
         memory=_memory,
+        jax_differentiable=True,
         default_block=DEFAULT_BLOCK,
         lse_backward=False,
         speed=20,

@@ -141,6 +141,7 @@ IMPLEMENTATION = registry.register(
         forward=_forward,
         backward=_backward,
         memory=_memory,
+        jax_differentiable=True,
         default_block=DEFAULT_BLOCK,
         lse_backward=True,
         speed=30,

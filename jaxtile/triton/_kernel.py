@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
@@ -180,11 +181,18 @@ def program_ids(num_tiles: int, num_heads: int, heaviest_first: bool):
     the tiles run in reverse, so the longest causal rows start first.
     """
     pid = pl.program_id(0)
+    num_tiles, num_heads = np.int32(num_tiles), np.int32(num_heads)
     tile = lax.rem(pid, num_tiles)
     bh = lax.div(pid, num_tiles)
     if heaviest_first:
         tile = num_tiles - 1 - tile
     return tile, lax.div(bh, num_heads), lax.rem(bh, num_heads)
+
+
+def fori_loop(lower, upper, body, carry):
+    """``lax.fori_loop`` whose body sees an int32 index, ``jax_enable_x64`` or not (static
+    bounds count in Python ints, int64 under x64, which refs refuse next to int32)."""
+    return lax.fori_loop(lower, upper, lambda i, c: body(lax.convert_element_type(i, jnp.int32), c), carry)
 
 
 def _iota(n: int):
@@ -194,6 +202,12 @@ def _iota(n: int):
 def _in_dims(dim_p: int, dim: int):
     """``[1, dim_p]`` True for the columns of a padded head dim that exist, or None."""
     return None if dim == dim_p else (_iota(dim_p) < dim)[None, :]
+
+
+def _columns(dim_p: int):
+    """All ``dim_p`` columns of a ref, as an index (a ``:`` is discharged with a 64-bit
+    start under ``jax_enable_x64`` in interpret mode, which masked stores refuse)."""
+    return pl.ds(np.int32(0), dim_p)
 
 
 def _and(a, b):
@@ -221,9 +235,9 @@ class Pages:
     def load(self, ref, table, b, h, start, block: int, length: int, dim: int, *, ragged: bool):
         """`load_tile` of the sequence's keys ``start:start+block``, through the table
         (an index out of the pool is clipped into it, never read out of bounds)."""
-        page = jnp.clip(table[b, lax.div(start, self.page_size)], 0, self.num_pages - 1)
+        page = jnp.clip(table[b, lax.div(start, np.int32(self.page_size))], 0, self.num_pages - 1)
         mask = _and((start + _iota(block) < length)[:, None] if ragged else None, _in_dims(ref.shape[-1], dim))
-        view = ref.at[h, page, pl.ds(lax.rem(start, self.page_size), block), :]
+        view = ref.at[h, page, pl.ds(lax.rem(start, np.int32(self.page_size)), block), :]
         return view[...] if mask is None else plgpu.load(view, mask=mask, other=0.0)
 
 
@@ -231,7 +245,7 @@ def store_tile(ref, b, h, start, value, length: int, dim: int):
     """Stores ``value [block, dim_p]`` into ``ref[b, start:start+block, h, :dim]``."""
     block, dim_p = value.shape
     mask = _and((start + _iota(block) < length)[:, None], _in_dims(dim_p, dim))
-    plgpu.store(ref.at[b, pl.ds(start, block), h, :], value.astype(ref.dtype), mask=mask)
+    plgpu.store(ref.at[b, pl.ds(start, block), h, _columns(dim_p)], value.astype(ref.dtype), mask=mask)
 
 
 def load_rows(ref, b, h0, start, tiles: Tiles, length: int, dim: int, *, ragged: bool):
@@ -255,7 +269,7 @@ def store_rows(ref, b, h0, start, value, tiles: Tiles, length: int, dim: int):
         return store_tile(ref, b, h0, start, value, length, dim)
     n, pack, dim_p = tiles.positions, tiles.pack, value.shape[-1]
     mask = _and((start + _iota(n) < length)[:, None, None], (_iota(dim_p) < dim)[None, None, :])
-    view = ref.at[b, pl.ds(start, n), pl.ds(h0, pack), :]
+    view = ref.at[b, pl.ds(start, n), pl.ds(h0, pack), _columns(dim_p)]
     plgpu.store(view, value.reshape(n, pack, dim_p).astype(ref.dtype), mask=mask)
 
 
@@ -508,7 +522,7 @@ def _spread_nonfinite(acc, contained: Contained):
         special = contained.seen(c) & ~(jnp.abs(x) < jnp.inf)
         return jnp.where(special, acc + x, acc)
 
-    return lax.fori_loop(0, contained.count, one_row, acc)
+    return fori_loop(0, contained.count, one_row, acc)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -582,7 +596,7 @@ class Kernel:
             acc = acc + self.dot(p.astype(x.dtype), x, trans_a=trans_a)
         if contained is None:
             return acc
-        clean = jnp.sum(jnp.where(finite, 0, 1)) == 0
+        clean = jnp.max(jnp.where(finite, 0.0, 1.0)) == 0.0
         return lax.cond(clean, lambda acc: acc, functools.partial(_spread_nonfinite, contained=contained), acc)
 
     def barrier(self) -> None:

@@ -27,6 +27,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from jaxtile import _softmax as sm
@@ -68,7 +69,7 @@ def _forward_kernel(*refs, kernel: pk.Kernel):
     spec, logits, dims = kernel.config.mask, kernel.config.logits, kernel.dims
     bq, bk = kernel.tiles.block_q, kernel.tiles.block_k
     _, b, h = pk.program_ids(1, dims.num_heads, heaviest_first=False)
-    h_kv = lax.div(h, dims.group)
+    h_kv = lax.div(h, np.int32(dims.group))
     ragged_q, ragged_kv = dims.q_len % bq != 0, dims.kv_len % bk != 0
 
     def init(i, carry):
@@ -117,12 +118,12 @@ def _forward_kernel(*refs, kernel: pk.Kernel):
         # Line 7: the query tiles that can see K_j.
         for span in runtime.spans(spec, b, h, j, True, bq, bk):
             body = functools.partial(q_step, span.masked, kv_start, k_j, v_j)
-            carry = lax.fori_loop(span.start, span.stop, body, carry)
+            carry = pk.fori_loop(span.start, span.stop, body, carry)
         return carry
 
-    lax.fori_loop(0, kernel.tiles.num_q_tiles(dims), init, 0)
+    pk.fori_loop(0, kernel.tiles.num_q_tiles(dims), init, 0)
     kernel.barrier()
-    lax.fori_loop(0, kernel.tiles.num_kv_tiles(dims), kv_step, 0)
+    pk.fori_loop(0, kernel.tiles.num_kv_tiles(dims), kv_step, 0)
 
 
 def _forward(inputs: Inputs, config: Config):
@@ -164,7 +165,8 @@ def _backward_kernel(*refs, kernel: pk.Kernel):
 
     def init(n, carry):
         # Line 5: dQ = 0, in HBM (one row tile of one head of the group per step).
-        g, i = lax.div(n, kernel.tiles.num_q_tiles(dims)), lax.rem(n, kernel.tiles.num_q_tiles(dims))
+        num_q_tiles = np.int32(kernel.tiles.num_q_tiles(dims))
+        g, i = lax.div(n, num_q_tiles), lax.rem(n, num_q_tiles)
         zeros = jnp.zeros((bq, kernel.head_dim_p), jnp.float32)
         pk.store_tile(dq_ref, b, h_kv * dims.group + g, i * bq, zeros, dims.q_len, dims.head_dim)
         return carry
@@ -220,19 +222,19 @@ def _backward_kernel(*refs, kernel: pk.Kernel):
             h = h_kv * dims.group + g
             for span in runtime.spans(spec, b, h, j, True, bq, bk):
                 body = functools.partial(q_step, h, span.masked, kv_start, k_j, v_j)
-                acc = lax.fori_loop(span.start, span.stop, body, acc)
+                acc = pk.fori_loop(span.start, span.stop, body, acc)
             return acc
 
         zeros = (jnp.zeros((bk, kernel.head_dim_p), jnp.float32), jnp.zeros((bk, kernel.head_dim_v_p), jnp.float32))
-        dk_j, dv_j = lax.fori_loop(0, dims.group, one_head, zeros)
+        dk_j, dv_j = pk.fori_loop(0, dims.group, one_head, zeros)
         # Line 24: write dK_j, dV_j.
         pk.store_tile(dk_ref, b, h_kv, kv_start, dk_j, dims.kv_len, dims.head_dim)
         pk.store_tile(dv_ref, b, h_kv, kv_start, dv_j, dims.kv_len, dims.head_dim_v)
         return carry
 
-    lax.fori_loop(0, dims.group * kernel.tiles.num_q_tiles(dims), init, 0)
+    pk.fori_loop(0, dims.group * kernel.tiles.num_q_tiles(dims), init, 0)
     kernel.barrier()
-    lax.fori_loop(0, kernel.tiles.num_kv_tiles(dims), kv_step, 0)
+    pk.fori_loop(0, kernel.tiles.num_kv_tiles(dims), kv_step, 0)
 
 
 def _backward(inputs: Inputs, out, stats, dout, dlse, config: Config):

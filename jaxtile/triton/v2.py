@@ -29,6 +29,7 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from jaxtile import _softmax as sm
@@ -106,9 +107,9 @@ def _forward_kernel(*refs, kernel: pk.Kernel, splits: int, pages: pk.Pages | Non
     n, bk = tiles.positions, tiles.block_k
     t, part, hb = pk.program_ids(tiles.num_q_tiles(dims), dims.num_heads // tiles.pack, spec.right is not None)
     # Outputs are [splits * batch, ...]: this program writes row `part` of its share.
-    b, share = (lax.rem(part, dims.batch), lax.div(part, dims.batch)) if splits > 1 else (part, 0)
+    b, share = (lax.rem(part, np.int32(dims.batch)), lax.div(part, np.int32(dims.batch))) if splits > 1 else (part, 0)
     h0 = hb * tiles.pack
-    h_kv = lax.div(h0, dims.group)
+    h_kv = lax.div(h0, np.int32(dims.group))
     q_start = t * n
     # Line 4: load Q_i (stays in registers); initialise O_i, l_i, m_i.
     q = pk.load_rows(q_ref, b, h0, q_start, tiles, dims.q_len, dims.head_dim, ragged=dims.q_len % n != 0)
@@ -156,7 +157,7 @@ def _forward_kernel(*refs, kernel: pk.Kernel, splits: int, pages: pk.Pages | Non
     for span in runtime.spans(spec, b, h0, t, False, n, bk):
         if splits > 1:
             span = span.within(share * per_share, share * per_share + per_share)
-        carry = lax.fori_loop(span.start, span.stop, functools.partial(body, span.masked), carry)
+        carry = pk.fori_loop(span.start, span.stop, functools.partial(body, span.masked), carry)
     # Lines 12-13: normalise once; L_i = m_i + log(l_i).
     out, lse = sm.finalize(*carry)
     pk.store_rows(o_ref, part, h0, q_start, out, tiles, dims.q_len, dims.head_dim_v)
@@ -239,7 +240,7 @@ def _dkdv_kernel(*refs, kernel: pk.Kernel, splits: int):
     spec, logits, dims, tiles = kernel.config.mask, kernel.config.logits, kernel.dims, kernel.tiles
     bq, bk = tiles.block_q, tiles.block_k
     j, b, share = pk.program_ids(tiles.num_kv_tiles(dims), dims.num_kv_heads * splits, heaviest_first=False)
-    h_kv = lax.div(share, splits)
+    h_kv = lax.div(share, np.int32(splits))
     heads = dims.group // splits
     kv_start = j * bk
     ragged_kv = dims.kv_len % bk != 0
@@ -279,11 +280,11 @@ def _dkdv_kernel(*refs, kernel: pk.Kernel, splits: int):
     def one_head(g, carry):
         h = share * heads + g
         for span in runtime.spans(spec, b, h, j, True, bq, bk):
-            carry = lax.fori_loop(span.start, span.stop, functools.partial(body, h, span.masked), carry)
+            carry = pk.fori_loop(span.start, span.stop, functools.partial(body, h, span.masked), carry)
         return carry
 
     carry = (jnp.zeros((bk, kernel.head_dim_p), jnp.float32), jnp.zeros((bk, kernel.head_dim_v_p), jnp.float32))
-    dk_j, dv_j = lax.fori_loop(0, heads, one_head, carry)
+    dk_j, dv_j = pk.fori_loop(0, heads, one_head, carry)
     # Line 18: write dK_j, dV_j (this share's part of them).
     pk.store_tile(dk_ref, b, share, kv_start, dk_j, dims.kv_len, dims.head_dim)
     pk.store_tile(dv_ref, b, share, kv_start, dv_j, dims.kv_len, dims.head_dim_v)
@@ -296,7 +297,7 @@ def _dq_kernel(*refs, kernel: pk.Kernel):
     n, bk = tiles.positions, tiles.block_k
     t, b, hb = pk.program_ids(tiles.num_q_tiles(dims), dims.num_heads // tiles.pack, spec.right is not None)
     h0 = hb * tiles.pack
-    h_kv = lax.div(h0, dims.group)
+    h_kv = lax.div(h0, np.int32(dims.group))
     q_start = t * n
     ragged_q = dims.q_len % n != 0
     q_i = pk.load_rows(q_ref, b, h0, q_start, tiles, dims.q_len, dims.head_dim, ragged=ragged_q)
@@ -324,7 +325,7 @@ def _dq_kernel(*refs, kernel: pk.Kernel):
 
     dq_i = jnp.zeros((tiles.block_q, kernel.head_dim_p), jnp.float32)
     for span in runtime.spans(spec, b, h0, t, False, n, bk):
-        dq_i = lax.fori_loop(span.start, span.stop, functools.partial(body, span.masked), dq_i)
+        dq_i = pk.fori_loop(span.start, span.stop, functools.partial(body, span.masked), dq_i)
     pk.store_rows(dq_ref, b, h0, q_start, dq_i, tiles, dims.q_len, dims.head_dim)
 
 

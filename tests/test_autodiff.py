@@ -1,0 +1,143 @@
+"""Derivatives past the first reverse-mode one: second derivatives (``grad`` of ``grad``,
+Hessian-vector products) and forward mode (``jvp``, ``jacfwd``), against the reference
+implementation, which is plain JAX that JAX differentiates itself.
+
+Records that are ``jax_differentiable`` must give them, under every kind of mask;
+the others (Pallas kernels, opaque to JAX) must refuse with `registry.Unsupported`
+naming the implementations that can, and first derivatives must be unaffected.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxtile
+from jaxtile import registry
+from parity.compare import TOLERANCES, compare
+
+TOL = TOLERANCES["float32"]
+BATCH, LEN, HEADS, KV_HEADS, DIM = 2, 40, 4, 2, 16
+IDS = np.repeat(np.arange(4), 10)[None].repeat(BATCH, 0)
+
+# Each kind of mask, so that the loops over every tile meet masked and empty tiles.
+OPTIONS = {
+    "causal_gqa": dict(causal=True),
+    "window": dict(window=(7, 2)),
+    "segments_soft_cap": dict(segment_ids=jnp.asarray(IDS, jnp.int32), logits_soft_cap=4.0),
+    "lengths_sinks": dict(
+        kv_lengths=jnp.array([33, 0]), q_lengths=jnp.array([40, 9]), sinks=jnp.array([0.5, -1.0, 2.0, 0.0])
+    ),
+    "dense_mask": dict(mask=jnp.asarray(np.random.default_rng(3).random((BATCH, 1, LEN, LEN)) < 0.6)),
+}
+
+
+def _arrays(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    shapes = ((BATCH, LEN, HEADS, DIM), (BATCH, LEN, KV_HEADS, DIM), (BATCH, LEN, KV_HEADS, DIM))
+    return tuple(jnp.asarray(rng.standard_normal(s), jnp.float32) for s in shapes)
+
+
+def _attention(implementation: str, options: dict):
+    return functools.partial(jaxtile.flash_attention, implementation=implementation, block_q=16, block_k=16, **options)
+
+
+def _close(got, expected, what: str):
+    for name, x, ref in zip(("q", "k", "v"), jax.tree.leaves(got), jax.tree.leaves(expected)):
+        error = compare(np.asarray(x), np.asarray(ref), TOL)
+        assert error.ok, f"{what} ({name}): {error}"
+
+
+def _second_derivatives(attention, q, k, v):
+    """The gradient of a function of the first gradient: reverse over reverse."""
+
+    def loss(q, k, v):
+        return jnp.sum(jnp.sin(attention(q, k, v)))
+
+    def gradient_norm(q, k, v):
+        return sum(jnp.sum(g**2) for g in jax.grad(loss, argnums=(0, 1, 2))(q, k, v))
+
+    return jax.grad(gradient_norm, argnums=(0, 1, 2))(q, k, v)
+
+
+def _forward_mode(attention, q, k, v):
+    """``jvp`` outputs and tangents, and a Hessian-vector product (forward over reverse)."""
+    tangents = _arrays(seed=1)
+    out, tangent = jax.jvp(attention, (q, k, v), tangents)
+
+    def loss(q, k, v):
+        return jnp.sum(jnp.sin(attention(q, k, v)))
+
+    _, hvp = jax.jvp(jax.grad(loss, argnums=(0, 1, 2)), (q, k, v), tangents)
+    return out, tangent, hvp
+
+
+def _able() -> str:
+    return re.escape(str([i.name for i in registry.implementations() if i.jax_differentiable]))
+
+
+def _skip_unless_it_takes_the_test_shape(impl):
+    if impl.max_q_len is not None and impl.max_q_len < LEN:
+        pytest.skip(f"{impl.name} takes at most {impl.max_q_len} queries")
+
+
+@pytest.mark.parametrize("mask", OPTIONS)
+def test_second_derivatives_match_reference(impl, mask):
+    _skip_unless_it_takes_the_test_shape(impl)
+    args = _arrays()
+    if not impl.jax_differentiable:
+        with pytest.raises(
+            registry.Unsupported, match=f"second derivatives and forward-mode autodiff need one of {_able()}"
+        ):
+            _second_derivatives(_attention(impl.name, OPTIONS[mask]), *args)
+        return
+    got = _second_derivatives(_attention(impl.name, OPTIONS[mask]), *args)
+    _close(got, _second_derivatives(_attention("reference", OPTIONS[mask]), *args), f"{impl.name} grad of grad, {mask}")
+
+
+@pytest.mark.parametrize("mask", OPTIONS)
+def test_forward_mode_matches_reference(impl, mask):
+    _skip_unless_it_takes_the_test_shape(impl)
+    args = _arrays()
+    if not impl.jax_differentiable:
+        with pytest.raises(registry.Unsupported, match="forward-mode autodiff needs passes JAX differentiates"):
+            _forward_mode(_attention(impl.name, OPTIONS[mask]), *args)
+        return
+    got = _forward_mode(_attention(impl.name, OPTIONS[mask]), *args)
+    expected = _forward_mode(_attention("reference", OPTIONS[mask]), *args)
+    for name, x, ref in zip(("out", "tangent"), got[:2], expected[:2]):
+        error = compare(np.asarray(x), np.asarray(ref), TOL)
+        assert error.ok, f"{impl.name} jvp {name}, {mask}: {error}"
+    _close(got[2], expected[2], f"{impl.name} Hessian-vector product, {mask}")
+
+
+def test_jacfwd_and_batched_jvp_choose_a_differentiable_implementation():
+    # implementation=None under forward mode takes the fastest jax_differentiable record.
+    q, k, v = (x[:1, :8, :2] for x in _arrays())
+    attention = functools.partial(jaxtile.flash_attention, causal=True)
+    reference = functools.partial(jaxtile.flash_attention, causal=True, implementation="reference")
+    jac = jax.jacfwd(lambda q: attention(q, k[:, :, :1], v[:, :, :1]))(q)
+    expected = jax.jacfwd(lambda q: reference(q, k[:, :, :1], v[:, :, :1]))(q)
+    assert compare(np.asarray(jac), np.asarray(expected), TOL).ok
+    tangents = jnp.stack([q, 2 * q, -q])
+    batched = jax.vmap(lambda t: jax.jvp(lambda q: attention(q, k, v), (q,), (t,))[1])(tangents)
+    one = jax.jvp(lambda q: attention(q, k, v), (q,), (q,))[1]
+    assert compare(np.asarray(batched[1]), 2 * np.asarray(one), TOL).ok
+
+
+def test_first_derivatives_unchanged_by_second_order_support(impl):
+    # grad inside vmap and jit, as before: the first derivative is the custom backward.
+    _skip_unless_it_takes_the_test_shape(impl)
+    q, k, v = _arrays()
+    attention = _attention(impl.name, dict(causal=True))
+    loss = lambda q, k, v: jnp.sum(attention(q, k, v) ** 2)  # noqa: E731
+    got = jax.jit(jax.vmap(jax.grad(loss, argnums=(0, 1, 2))))(q[:, None], k[:, None], v[:, None])
+    expected = jax.grad(
+        lambda q, k, v: jnp.sum(_attention("reference", dict(causal=True))(q, k, v) ** 2), argnums=(0, 1, 2)
+    )(q, k, v)
+    _close([g[:, 0] for g in got], expected, f"{impl.name} vmap(grad)")
