@@ -5,6 +5,7 @@
   weights load from the matching PyTorch state dict (`Attention.load_torch_state_dict`).
 * `attention_fn`: a drop-in for ``flax.nnx.dot_product_attention``, so that
   ``nnx.MultiHeadAttention(..., attention_fn=jaxtile.nn.attention_fn)`` runs on jaxtile.
+* `rotary`: the rotary position embedding `Attention` applies with ``rope_theta``.
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ def attention_fn(
     promote_dtype=dtypes.promote_dtype,
     is_causal: bool = False,
     *,
+    local_window_size: int | tuple[int, int] | None = None,
+    segment_ids: jax.Array | tuple[jax.Array, jax.Array] | None = None,
+    logits_soft_cap: float | None = None,
+    sinks: jax.Array | None = None,
     implementation: str | None = None,
     block_q: int | None = None,
     block_k: int | None = None,
@@ -48,8 +53,11 @@ def attention_fn(
     Same arguments and layout: ``query [batch..., q_len, num_heads, head_dim]``, key and
     value ``[batch..., kv_len, num_heads, head_dim]``, ``mask`` broadcastable to
     ``[batch..., num_heads, q_len, kv_len]`` (nonzero = attend), ``is_causal`` aligned
-    top-left like ``jax.nn.dot_product_attention``. jaxtile's own options go through
-    ``functools.partial(attention_fn, implementation=..., block_q=..., block_k=...)``.
+    top-left like ``jax.nn.dot_product_attention``. Structured masks skip the tiles they
+    hide, where a dense ``mask`` is read tile by tile: pass them, and jaxtile's other
+    options, through ``functools.partial(attention_fn, local_window_size=...,
+    segment_ids=..., logits_soft_cap=..., sinks=..., implementation=..., block_q=...,
+    block_k=...)`` (as `jaxtile.dot_product_attention` takes them).
     ``precision`` is ignored: jaxtile always accumulates in float32. A query that sees
     no key gets output 0 (Flax's default gives it the mean of all values).
 
@@ -70,10 +78,29 @@ def attention_fn(
         value,
         mask=None if mask is None else mask.astype(jnp.bool_),
         is_causal=is_causal,
+        local_window_size=local_window_size,
+        segment_ids=segment_ids,
+        logits_soft_cap=logits_soft_cap,
+        sinks=sinks,
         implementation=implementation,
         block_q=block_q,
         block_k=block_k,
     )
+
+
+def rotary(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+    """Rotary position embedding (RoFormer, Su et al. 2021) of ``x [batch..., len, heads,
+    head_dim]`` at integer ``positions [batch..., len]``: the pairs ``(x[..., i],
+    x[..., i + head_dim // 2])`` rotated by ``positions * theta ** (-2i / head_dim)``
+    (the half-split layout of GPT-NeoX and Llama), in float32, returned in ``x``'s dtype."""
+    half = x.shape[-1] // 2
+    if 2 * half != x.shape[-1]:
+        raise ValueError(f"rotary embedding needs an even head_dim; got {x.shape[-1]}")
+    frequencies = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    angles = positions.astype(jnp.float32)[..., None, None] * frequencies  # [..., len, 1, half]
+    cos, sin = jnp.cos(angles), jnp.sin(angles)
+    first, second = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
+    return jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1).astype(x.dtype)
 
 
 class Attention(nnx.Module):
@@ -96,6 +123,8 @@ class Attention(nnx.Module):
         `jaxtile.flash_attention` (``window`` in its ``(left, right)`` convention).
       sinks: learn one attention-sink logit per query head (``self.sinks``, initialised
         to 0), as gpt-oss does.
+      rope_theta: rotate queries and keys by their positions (`rotary`, base
+        ``rope_theta``, e.g. 10000) before attention; None for no rotary embedding.
       bias: whether the projections have biases.
       fused_qkv: one ``qkv_proj`` instead of three.
       dtype, param_dtype, precision: as for ``nnx.Linear``.
@@ -113,6 +142,7 @@ class Attention(nnx.Module):
         window: int | tuple[int | None, int | None] | None = None,
         logits_soft_cap: float | None = None,
         sinks: bool = False,
+        rope_theta: float | None = None,
         bias: bool = True,
         fused_qkv: bool = True,
         implementation: str | None = None,
@@ -131,7 +161,7 @@ class Attention(nnx.Module):
         if num_heads % num_kv_heads:
             raise ValueError(f"{num_heads=} is not a multiple of {num_kv_heads=}")
         self.embed_dim, self.num_heads, self.num_kv_heads, self.head_dim = embed_dim, num_heads, num_kv_heads, head_dim
-        self.fused_qkv = fused_qkv
+        self.fused_qkv, self.rope_theta = fused_qkv, rope_theta
         self.options = dict(
             causal=causal,
             window=window,
@@ -157,23 +187,47 @@ class Attention(nnx.Module):
         self,
         x: jax.Array,
         *,
-        segment_ids: jax.Array | None = None,
+        context: jax.Array | None = None,
+        positions: jax.Array | None = None,
+        kv_positions: jax.Array | None = None,
+        segment_ids: jax.Array | tuple[jax.Array, jax.Array] | None = None,
         mask: jax.Array | None = None,
     ) -> jax.Array:
         """``x [batch..., len, embed_dim]`` -> ``[batch..., len, embed_dim]``.
 
-        ``segment_ids [batch..., len]`` and ``mask`` (bool, True = attend) are passed to
-        `jaxtile.flash_attention`.
+        Args:
+          context: ``[batch..., kv_len, embed_dim]``: keys and values come from it
+            (cross-attention; needs separate projections, ``fused_qkv=False``) instead
+            of from ``x``. Causal masks and windows align the last query with the last
+            key (`jaxtile.flash_attention`'s bottom-right positions).
+          positions, kv_positions: ``[batch..., len]`` and ``[batch..., kv_len]`` ints
+            for the rotary embedding (default ``0, 1, ...``; ``kv_positions`` defaults to
+            ``positions`` without ``context``). Only with ``rope_theta``.
+          segment_ids, mask: passed to `jaxtile.flash_attention` (``mask`` bool, True =
+            attend).
         """
         q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        if context is not None and self.fused_qkv:
+            raise ValueError(
+                "cross-attention (context=...) needs separate projections: build the layer with fused_qkv=False"
+            )
+        if self.rope_theta is None and (positions is not None or kv_positions is not None):
+            raise ValueError("positions are for the rotary embedding: build the layer with rope_theta")
         if self.fused_qkv:
             qkv = self.qkv_proj(x)
             q, k, v = qkv[..., :q_width], qkv[..., q_width : q_width + kv_width], qkv[..., q_width + kv_width :]
         else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            source = x if context is None else context
+            q, k, v = self.q_proj(x), self.k_proj(source), self.v_proj(source)
         q = q.reshape(*q.shape[:-1], self.num_heads, self.head_dim)
         k = k.reshape(*k.shape[:-1], self.num_kv_heads, self.head_dim)
         v = v.reshape(*v.shape[:-1], self.num_kv_heads, self.head_dim)
+        if self.rope_theta is not None:
+            if positions is None:
+                positions = jnp.broadcast_to(jnp.arange(q.shape[-3]), q.shape[:-2])
+            if kv_positions is None:
+                kv_positions = positions if context is None else jnp.broadcast_to(jnp.arange(k.shape[-3]), k.shape[:-2])
+            q, k = rotary(q, positions, self.rope_theta), rotary(k, kv_positions, self.rope_theta)
         sinks = None if self.sinks is None else self.sinks[...]
         out = flash_attention(q, k, v, segment_ids=segment_ids, mask=mask, sinks=sinks, **self.options)
         return self.out_proj(out.reshape(*out.shape[:-2], q_width))

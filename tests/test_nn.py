@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+import jaxtile
 from parity import reference
 from parity.compare import TOLERANCES, compare
 
@@ -176,3 +177,73 @@ def test_attention_fn_allows_deterministic_dropout():
     got = nn.attention_fn(q, q, q, dropout_rate=0.1, deterministic=True)
     error = compare(np.asarray(got), np.asarray(jax.nn.dot_product_attention(q, q, q), np.float64), TOL)
     assert error.ok, error
+
+
+def test_attention_fn_carries_structured_masks_into_flax():
+    # Window and packed documents through nnx.MultiHeadAttention, as options of the
+    # attention function, against Flax's own attention given the same pattern densely.
+    x = jnp.asarray(np.random.default_rng(5).standard_normal((2, 24, 32)), jnp.float32)
+    ids = jnp.asarray(np.sort(np.random.default_rng(6).integers(0, 3, (2, 24)), axis=1), jnp.int32)
+    i, j = np.arange(24)[:, None], np.arange(24)[None, :]
+    dense = (np.asarray(ids)[:, None, :, None] == np.asarray(ids)[:, None, None, :]) & (j <= i) & (j >= i - 5)
+    make = functools.partial(nnx.MultiHeadAttention, num_heads=4, in_features=32, decode=False)
+    theirs = make(rngs=nnx.Rngs(0))
+    structured = functools.partial(nn.attention_fn, local_window_size=(5, 0), segment_ids=ids, block_q=16, block_k=16)
+    ours = make(rngs=nnx.Rngs(0), attention_fn=structured)
+
+    def loss(module, x, call):
+        out = module(x, **call)
+        return jnp.sum(jnp.sin(out)), out
+
+    with jax.default_matmul_precision("highest"):
+        dense_call = functools.partial(loss, call=dict(mask=jnp.asarray(dense)))
+        (_, expected), expected_dx = nnx.value_and_grad(dense_call, argnums=1, has_aux=True)(theirs, x)
+        causal_call = functools.partial(loss, call=dict(is_causal=True))
+        (_, got), dx = nnx.value_and_grad(causal_call, argnums=1, has_aux=True)(ours, x)
+    for name, a, b in (("out", got, expected), ("dx", dx, expected_dx)):
+        error = compare(np.asarray(a), np.asarray(b, np.float64), TOL)
+        assert error.ok, f"{name}: {error}"
+
+
+def _rotary_numpy(x, positions, theta):
+    """The rotary embedding by its definition: consecutive-half pairs rotated by complex
+    multiplication, in float64."""
+    x = np.asarray(x, np.float64)
+    half = x.shape[-1] // 2
+    pairs = x[..., :half] + 1j * x[..., half:]
+    angles = np.asarray(positions, np.float64)[..., None, None] * theta ** (-np.arange(half) / half)
+    rotated = pairs * np.exp(1j * angles)
+    return np.concatenate([rotated.real, rotated.imag], axis=-1)
+
+
+def test_rotary_embedding_by_definition_and_relative_positions():
+    rng = np.random.default_rng(7)
+    x = jnp.asarray(rng.standard_normal((2, 10, 3, 16)), jnp.float32)
+    positions = jnp.asarray(rng.integers(0, 1000, (2, 10)))
+    got = nn.rotary(x, positions, 10000.0)
+    assert compare(np.asarray(got), _rotary_numpy(x, positions, 10000.0), TOL).ok
+    # Scores depend on position differences only: a layer's output is unchanged when
+    # every position moves by the same amount.
+    layer = nn.Attention(32, 4, num_kv_heads=2, causal=True, rope_theta=10000.0, rngs=nnx.Rngs(1))
+    tokens = jnp.asarray(rng.standard_normal((2, 20, 32)), jnp.float32)
+    start = layer(tokens)
+    shifted = layer(tokens, positions=jnp.broadcast_to(jnp.arange(20) + 517, (2, 20)))
+    assert compare(np.asarray(shifted), np.asarray(start, np.float64), TOL).ok
+    without = nn.Attention(32, 4, num_kv_heads=2, causal=True, rngs=nnx.Rngs(1))
+    assert not np.allclose(np.asarray(without(tokens)), np.asarray(start), atol=1e-3)
+    with pytest.raises(ValueError, match="even head_dim"):
+        nn.rotary(x[..., :15], positions, 10000.0)
+    with pytest.raises(ValueError, match="rope_theta"):
+        without(tokens, positions=positions)
+
+
+def test_cross_attention_reads_keys_and_values_from_the_context():
+    rng = np.random.default_rng(8)
+    layer = nn.Attention(32, 4, num_kv_heads=2, fused_qkv=False, rngs=nnx.Rngs(2))
+    x, context = (jnp.asarray(rng.standard_normal((2, n, 32)), jnp.float32) for n in (6, 30))
+    q = layer.q_proj(x).reshape(2, 6, 4, 8)
+    k, v = (proj(context).reshape(2, 30, 2, 8) for proj in (layer.k_proj, layer.v_proj))
+    expected = layer.out_proj(jaxtile.flash_attention(q, k, v, implementation="reference").reshape(2, 6, 32))
+    assert compare(np.asarray(layer(x, context=context)), np.asarray(expected, np.float64), TOL).ok
+    with pytest.raises(ValueError, match="fused_qkv=False"):
+        nn.Attention(32, 4, rngs=nnx.Rngs(2))(x, context=context)
