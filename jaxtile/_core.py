@@ -32,6 +32,8 @@ class Inputs(NamedTuple):
     kv_segment_ids: ``[batch, kv_len]`` int32, or None.
     mask: bool ``[1|batch, 1|num_heads, 1|q_len, 1|kv_len]`` (True = attend), or None.
     lengths: ``[batch, 2]`` int32 ``(q_length, kv_length)`` per sequence, or None.
+    bias: float ``[1|batch, 1|num_heads, 1|q_len, 1|kv_len]`` added to the scaled
+      scores, or None.
     """
 
     q: jax.Array
@@ -41,6 +43,7 @@ class Inputs(NamedTuple):
     kv_segment_ids: jax.Array | None = None
     mask: jax.Array | None = None
     lengths: jax.Array | None = None
+    bias: jax.Array | None = None
 
 
 # ``tuning="autotune"``: an implementation times its own candidates once per shape.
@@ -110,6 +113,13 @@ def group_heads(mask, num_kv_heads: int):
     return mask.reshape(b, num_kv_heads, h // num_kv_heads, q, k)
 
 
+def sum_to_shape(x, shape: tuple[int, ...]):
+    """``x`` summed over the dimensions that ``shape`` broadcasts (size 1 there): the
+    gradient of an array broadcast from ``shape`` to ``x.shape``."""
+    axes = tuple(i for i, (n, m) in enumerate(zip(x.shape, shape)) if m == 1 and n != 1)
+    return jnp.sum(x, axis=axes, keepdims=True) if axes else x
+
+
 def gather_pages(pages, page_table):
     """The contiguous cache ``[batch, pages_per_sequence * page_size, num_kv_heads, dim]``
     held by ``pages [num_kv_heads, num_pages, page_size, dim]``: each sequence's pages in
@@ -124,7 +134,9 @@ def gather_pages(pages, page_table):
 
 # forward(inputs, config) -> (out, lse, stats); stats is what backward needs besides out.
 Forward = Callable[[Inputs, Config], tuple[jax.Array, jax.Array, Any]]
-# backward(inputs, out, stats, dout, dlse, config) -> (dq, dk, dv)
+# backward(inputs, out, stats, dout, dlse, config) -> (dq, dk, dv, dbias); dbias is
+# ``[batch, num_heads, q_len, kv_len]`` float32 (None without a bias), whatever the
+# bias broadcasts: `differentiable` sums it to the bias's shape.
 Backward = Callable[..., tuple[jax.Array, jax.Array, jax.Array]]
 # paged_forward(inputs, config, (k_pages, v_pages, page_table)) -> (out, lse): the forward
 # pass reading K and V from pages; inputs.k and inputs.v only give the cache's shape.
@@ -182,8 +194,10 @@ def differentiable(forward: Forward, backward: Backward) -> Attention:
     def attention_bwd(config: Config, residuals, cotangents):
         inputs, out, stats = residuals
         dout, dlse = cotangents
-        dq, dk, dv = backward(inputs, out, stats, dout, dlse, config)
-        return (Inputs(dq, dk, dv),)
+        dq, dk, dv, dbias = backward(inputs, out, stats, dout, dlse, config)
+        if dbias is not None:
+            dbias = sum_to_shape(dbias, inputs.bias.shape).astype(inputs.bias.dtype)
+        return (Inputs(dq, dk, dv, bias=dbias),)
 
     attention.defvjp(attention_fwd, attention_bwd)
     return attention

@@ -27,15 +27,21 @@ def _is_traced(x: Any) -> bool:
 
 
 _KINDS = {"bool": (bool, np.bool_), "int": numbers.Integral, "float": numbers.Real}
+_ARRAY_KINDS = {"bool": "b", "int": "iu", "float": "iuf"}  # numpy dtype kinds a 0-d array may have
 
 
-def check_static(name: str, value: Any, what: str) -> None:
-    """Static options must be Python (or NumPy) scalars of the right kind, never traced."""
+def check_static(name: str, value: Any, what: str) -> Any:
+    """Static options must be Python or NumPy scalars of the right kind, or concrete 0-d
+    arrays holding one (``1 / jnp.sqrt(d)`` outside ``jit``), never traced; returns the
+    value as a Python scalar."""
     if _is_traced(value):
         raise TypeError(f"{name} must be a static Python {what}, not a traced value (mark it static under jit)")
+    if isinstance(value, (jax.Array, np.ndarray)) and value.shape == () and value.dtype.kind in _ARRAY_KINDS[what]:
+        value = value.item()
     is_bool = isinstance(value, (bool, np.bool_))
     if not isinstance(value, _KINDS[what]) or (is_bool and what != "bool"):
         raise TypeError(f"{name} must be a Python {what}; got {value!r} of type {type(value).__name__}")
+    return {"bool": bool, "int": int, "float": float}[what](value)
 
 
 def _array(name: str, x: Any) -> Any:
@@ -92,15 +98,16 @@ def _check_devices(arrays: dict[str, Any]) -> None:
 def _check_window(window) -> tuple[int | None, int | None] | None:
     if window is None:
         return None
-    sides = (window, window) if isinstance(window, numbers.Integral) and not isinstance(window, bool) else window
-    if not (isinstance(sides, Sequence) and len(sides) == 2):
+    if _is_traced(window) or getattr(window, "shape", None) == () or isinstance(window, numbers.Integral):
+        pair = (window, window)
+    else:
+        pair = window
+    if not (isinstance(pair, Sequence) and len(pair) == 2):
         raise TypeError(f"window must be an int, a (left, right) pair or None; got {window!r}")
-    for side in sides:
-        if side is not None:
-            check_static("window", side, "int")
-            if side < 0:
-                raise ValueError(f"window sides must be non-negative; got {window=}")
-    return tuple(None if side is None else int(side) for side in sides)
+    sides = tuple(None if side is None else check_static("window", side, "int") for side in pair)
+    if any(side is not None and side < 0 for side in sides):
+        raise ValueError(f"window sides must be non-negative; got {window=}")
+    return sides
 
 
 def _check_segment_ids(segment_ids, batch: tuple[int, ...], q_len: int, kv_len: int):
@@ -130,23 +137,38 @@ def _check_segment_ids(segment_ids, batch: tuple[int, ...], q_len: int, kv_len: 
     )
 
 
+def _scores_shaped(name: str, x, batch: tuple[int, ...], num_heads: int, q_len: int, kv_len: int):
+    """``x`` broadcastable to ``[batch..., heads, q_len, kv_len]``, as ``[1|batch_size,
+    1|heads, 1|q_len, 1|kv_len]``."""
+    full = (*batch, num_heads, q_len, kv_len)
+    if x.ndim > len(full) or any(m not in (1, f) for m, f in zip(x.shape[::-1], full[::-1])):
+        raise ValueError(
+            f"{name} of shape {tuple(x.shape)} does not broadcast to [batch..., heads, q_len, kv_len] = {full}"
+        )
+    x = jnp.reshape(x, (1,) * (len(full) - x.ndim) + tuple(x.shape))
+    lead = x.shape[: len(batch)]
+    if any(d != 1 for d in lead):
+        x = jnp.broadcast_to(x, (*batch, *x.shape[len(batch) :]))
+    batch_size = math.prod(batch) if any(d != 1 for d in lead) else 1
+    return jnp.reshape(x, (batch_size, *x.shape[len(batch) :]))
+
+
 def _check_mask(mask, batch: tuple[int, ...], num_heads: int, q_len: int, kv_len: int):
     if mask is None:
         return None
     _array("mask", mask)
     if mask.dtype != jnp.bool_:
         raise TypeError(f"mask must be boolean (True = attend); got {mask.dtype}")
-    full = (*batch, num_heads, q_len, kv_len)
-    if mask.ndim > len(full) or any(m not in (1, f) for m, f in zip(mask.shape[::-1], full[::-1])):
-        raise ValueError(
-            f"mask of shape {tuple(mask.shape)} does not broadcast to [batch..., heads, q_len, kv_len] = {full}"
-        )
-    mask = jnp.reshape(mask, (1,) * (len(full) - mask.ndim) + tuple(mask.shape))
-    lead = mask.shape[: len(batch)]
-    if any(d != 1 for d in lead):
-        mask = jnp.broadcast_to(mask, (*batch, *mask.shape[len(batch) :]))
-    batch_size = math.prod(batch) if any(d != 1 for d in lead) else 1
-    return jnp.reshape(mask, (batch_size, *mask.shape[len(batch) :]))
+    return _scores_shaped("mask", mask, batch, num_heads, q_len, kv_len)
+
+
+def _check_bias(bias, batch: tuple[int, ...], num_heads: int, q_len: int, kv_len: int):
+    if bias is None:
+        return None
+    _array("bias", bias)
+    if jnp.dtype(bias.dtype) not in FLOAT_DTYPES:
+        raise TypeError(f"bias.dtype={jnp.dtype(bias.dtype)} is not supported; use float32, bfloat16 or float16")
+    return _scores_shaped("bias", bias, batch, num_heads, q_len, kv_len)
 
 
 def _check_lengths(q_lengths, kv_lengths, batch: tuple[int, ...], q_len: int, kv_len: int):
@@ -188,22 +210,22 @@ def check_sinks(sinks, num_heads: int):
 def _check_float(name: str, value, *, positive: bool) -> float | None:
     if value is None:
         return None
-    check_static(name, value, "float")
-    value = float(value)
+    value = check_static(name, value, "float")
     if not math.isfinite(value) or (positive and value <= 0):
         raise ValueError(f"{name} must be a finite{' positive' if positive else ''} float; got {name}={value}")
     return value
 
 
-def check_block(name: str, block, *, power_of_two: bool) -> None:
+def check_block(name: str, block, *, power_of_two: bool) -> int | None:
     """Blocks are positive ints; Pallas kernels also need powers of two >= 16."""
     if block is None:
-        return
-    check_static(name, block, "int")
+        return None
+    block = check_static(name, block, "int")
     if block <= 0:
         raise ValueError(f"{name}={block} must be positive")
     if power_of_two and (block < 16 or block & (block - 1)):
         raise ValueError(f"{name}={block} must be a power of two >= 16 for the Pallas kernels")
+    return block
 
 
 def check_tuning(tuning, types: tuple[type, ...]) -> None:
@@ -235,6 +257,7 @@ def canonicalize(
     logits_soft_cap,
     q_lengths=None,
     kv_lengths=None,
+    bias=None,
     scale,
     block_q,
     block_k,
@@ -251,8 +274,8 @@ def canonicalize(
     else:
         ids = {"segment_ids": segment_ids}
     lengths = {"q_lengths": q_lengths, "kv_lengths": kv_lengths}
-    _check_devices({"query": query, "key": key, "value": value, "mask": mask, **ids, **lengths})
-    check_static("causal", causal, "bool")
+    _check_devices({"query": query, "key": key, "value": value, "mask": mask, "bias": bias, **ids, **lengths})
+    causal = check_static("causal", causal, "bool")
     check_tuning(tuning, tuning_types)
     window = _check_window(window)
     batch = tuple(query.shape[:-3])
@@ -260,20 +283,21 @@ def canonicalize(
     kv_len, num_kv_heads = key.shape[-3], key.shape[-2]
     q_ids, kv_ids = _check_segment_ids(segment_ids, batch, q_len, kv_len)
     dense = _check_mask(mask, batch, num_heads, q_len, kv_len)
+    bias = _check_bias(bias, batch, num_heads, q_len, kv_len)
     lengths = _check_lengths(q_lengths, kv_lengths, batch, q_len, kv_len)
     soft_cap = _check_float("logits_soft_cap", logits_soft_cap, positive=True)
     scale = _check_float("scale", scale, positive=False)
     spec = MaskSpec.create(
         q_len,
         kv_len,
-        causal=bool(causal),
+        causal=causal,
         window=window,
         has_segments=q_ids is not None,
         has_dense_mask=dense is not None,
         has_lengths=lengths is not None,
         top_left=top_left,
     )
-    logits = Logits(1.0 / math.sqrt(head_dim) if scale is None else scale, soft_cap)
+    logits = Logits(1.0 / math.sqrt(head_dim) if scale is None else scale, soft_cap, bias=bias is not None)
     batch_size = math.prod(batch)
     inputs = Inputs(
         jnp.reshape(query, (batch_size, q_len, num_heads, head_dim)),
@@ -283,5 +307,6 @@ def canonicalize(
         kv_ids,
         dense,
         lengths,
+        bias,
     )
     return inputs, Config(spec, logits, block_q, block_k, tuning, platform), batch

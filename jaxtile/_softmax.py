@@ -28,28 +28,41 @@ _F32_TINY = 2.0**-126
 
 @dataclasses.dataclass(frozen=True)
 class Logits:
-    """How a raw score ``q·k`` becomes a base-2 logit: ``s2 = factor * pre(q·k)``."""
+    """How a raw score ``q·k`` (and a tile of the additive bias, when ``bias``) becomes
+    a base-2 logit: ``s2 = factor * pre(q·k, bias)``."""
 
     scale: float
     soft_cap: float | None = None
+    bias: bool = False
 
     @property
     def _plain(self) -> bool:
-        # The scale folds into exp2 only while scale·log2(e) stays a normal float32
-        # (otherwise masked scores would become -inf · 0 = NaN).
-        return self.soft_cap is None and self.scale * LOG2E >= _F32_TINY
+        # The scale folds into exp2 only without a bias, and while scale·log2(e) stays a
+        # normal float32 (otherwise masked scores would become -inf · 0 = NaN).
+        return self.soft_cap is None and not self.bias and self.scale * LOG2E >= _F32_TINY
 
     @property
     def factor(self) -> float:
         return self.scale * LOG2E if self._plain else LOG2E
 
-    def pre(self, qk):
-        """The part of the logit that is not a positive constant factor."""
+    def pre(self, qk, bias=None):
+        """The part of the logit that is not a positive constant factor; ``bias``
+        broadcasts against ``qk`` (None when the call has none)."""
         if self._plain:
             return qk
+        if bias is not None:
+            logit = qk * self.scale + bias
+            return logit if self.soft_cap is None else self.soft_cap * jnp.tanh(logit / self.soft_cap)
         if self.soft_cap is None:
             return qk * self.scale
         return self.soft_cap * jnp.tanh(qk * (self.scale / self.soft_cap))
+
+    def logit_grad(self, ds, pre):
+        """Chain rule from dL/ds (natural logits) back to dL/d(scale·q·k + bias), the
+        gradient of the bias, given ``pre``."""
+        if self.soft_cap is None:
+            return ds
+        return ds * (1.0 - jnp.square(pre / self.soft_cap))
 
     def grad(self, ds, pre):
         """Chain rule from dL/ds (natural logits) back to dL/d(q·k), given ``pre``."""
@@ -74,8 +87,8 @@ def online_softmax(pre, m_prev, l_prev, logits: Logits, visible=None, exp2=jnp.e
     if visible is not None:
         pre = jnp.where(visible, pre, -jnp.inf)
     m_new = jnp.maximum(m_prev, jnp.max(pre, axis=-1) * logits.factor)
-    # Only a masked tile can leave a row with no finite score so far.
-    m_base = m_new if visible is None else jnp.where(m_new == -jnp.inf, 0.0, m_new)
+    # Only a masked tile (or a bias of -inf) can leave a row with no finite score so far.
+    m_base = m_new if visible is None and not logits.bias else jnp.where(m_new == -jnp.inf, 0.0, m_new)
     p = exp2(pre * logits.factor - m_base[..., None])
     alpha = exp2(m_prev - m_base)
     l_new = alpha * l_prev + jnp.sum(p, axis=-1)
@@ -203,14 +216,16 @@ def masked_tile_dot(dot, p, v, visible=None):
     return lax.cond(jnp.all(jnp.abs(v) < jnp.inf), dot, functools.partial(masked_dot, dot, visible=visible), p, v)
 
 
-def score_grad(p, dp, delta, pre, logits: Logits, visible=None):
-    """``dS = P * (dP - D)`` (Algorithm 2, line 14) taken back to dL/d(q·k).
+def score_grad(p, dp, delta, pre, logits: Logits, visible=None, *, of_logit: bool = False):
+    """``dS = P * (dP - D)`` (Algorithm 2, line 14) taken back to dL/d(q·k), or with
+    ``of_logit`` to dL/d(scale·q·k + bias) (`Logits.logit_grad`, the bias's gradient).
 
     ``delta`` is ``D = rowsum(dO * O)`` minus the lse cotangent, broadcast like the lse
     in `probabilities`. Masked entries (``visible`` False) are exactly 0 even where a
     hidden value made ``dP`` non-finite.
     """
-    ds = logits.grad(p * (dp - delta), pre)
+    chain = logits.logit_grad if of_logit else logits.grad
+    ds = chain(p * (dp - delta), pre)
     return ds if visible is None else jnp.where(visible, ds, 0.0)
 
 

@@ -35,8 +35,11 @@ def prepare(
     ``options`` are `_inputs.canonicalize`'s mask, logit and tuning arguments."""
     platform = _platform(query)
     chosen = None if implementation is None else registry.get(implementation)
-    for block_name, block in (("block_q", block_q), ("block_k", block_k)):
-        _inputs.check_block(block_name, block, power_of_two=chosen is not None and chosen.power_of_two_blocks)
+    power_of_two = chosen is not None and chosen.power_of_two_blocks
+    block_q, block_k = (
+        _inputs.check_block(name, block, power_of_two=power_of_two)
+        for name, block in (("block_q", block_q), ("block_k", block_k))
+    )
     _inputs.check_static("return_lse", return_lse, "bool")
     tuning_types = tuple(i.tuning for i in registry.implementations() if i.tuning is not None)
     inputs, config, batch = _inputs.canonicalize(
@@ -155,6 +158,7 @@ def flash_attention(
     mask: jax.Array | None = None,
     q_lengths: jax.Array | None = None,
     kv_lengths: jax.Array | None = None,
+    bias: jax.Array | None = None,
     logits_soft_cap: float | None = None,
     sinks: jax.Array | None = None,
     scale: float | None = None,
@@ -189,6 +193,11 @@ def flash_attention(
         position ``i + kv_lengths[b] - q_lengths[b]`` (bottom-right within each
         sequence's own lengths; either defaults to the full length). Concrete lengths
         outside ``[0, q_len]``/``[0, kv_len]`` are an error; traced ones are clipped.
+      bias: float, broadcastable to ``[batch..., num_heads, q_len, kv_len]``: added to the
+        scaled scores (``scale · q kᵀ + bias``, before the soft cap and the masks), read
+        tile by tile; differentiable. Its gradient is formed per batch element and head
+        (``[batch, num_heads, q_len, kv_len]`` float32) and summed to the bias's shape.
+        The ``jax.lax`` implementations and the reference take it, not the Pallas kernels.
       logits_soft_cap: scores become ``cap * tanh(scores / cap)`` before masking.
       sinks: ``[num_heads]`` float learnable attention sinks (gpt-oss): one more logit in
         each row's softmax denominator that contributes no value, so
@@ -226,6 +235,7 @@ def flash_attention(
         mask=mask,
         q_lengths=q_lengths,
         kv_lengths=kv_lengths,
+        bias=bias,
         logits_soft_cap=logits_soft_cap,
         scale=scale,
         block_q=block_q,

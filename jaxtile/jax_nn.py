@@ -42,7 +42,9 @@ def dot_product_attention(
         head_dim]``.
       key, value: ``[batch, kv_len, num_kv_heads, head_dim]`` (or unbatched);
         ``num_heads`` a multiple of ``num_kv_heads`` (GQA/MQA).
-      bias: not supported (`NotImplementedError`): jaxtile reads no additive bias yet.
+      bias: float, broadcastable to ``[batch, num_heads, q_len, kv_len]``, added to the
+        scaled scores; read tile by tile and differentiable (`jaxtile.flash_attention`'s
+        ``bias``: the ``jax.lax`` implementations and the reference take it).
       mask: bool, True = attend, broadcastable to ``[batch, num_heads, q_len, kv_len]``.
       scale: default ``1 / sqrt(head_dim)``.
       is_causal: key ``j`` visible to query ``i`` only if ``j <= i`` (top-left).
@@ -65,12 +67,8 @@ def dot_product_attention(
       sees no key gets output 0 and lse ``-inf`` (as with cuDNN), where jax.nn's fill
       of large negative logits gives it the mean of all values.
     """
-    if bias is not None:
-        raise NotImplementedError(
-            "dot_product_attention: an additive bias is not supported by jaxtile; express a boolean pattern as mask"
-        )
     unbatched = jnp.ndim(query) == 3
-    if unbatched:  # a batch of one; masks of rank <= 4 broadcast to it as they are
+    if unbatched:  # a batch of one; masks and biases of rank <= 4 broadcast to it as they are
         query, key, value, segment_ids = jax.tree.map(lambda x: x[None], (query, key, value, segment_ids))
     out = api.attend(
         query,
@@ -83,6 +81,7 @@ def dot_product_attention(
         window=local_window_size,
         segment_ids=segment_ids,
         mask=mask,
+        bias=bias,
         q_lengths=query_seq_lengths,
         kv_lengths=key_value_seq_lengths,
         logits_soft_cap=logits_soft_cap,

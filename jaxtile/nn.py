@@ -2,7 +2,8 @@
 
 * `Attention`: multi-head (GQA/MQA) self-attention in FlashTile's shape, with a fused
   ``qkv_proj`` or separate ``q_proj``/``k_proj``/``v_proj`` and an ``out_proj``, whose
-  weights load from the matching PyTorch state dict (`Attention.load_torch_state_dict`).
+  weights load from the matching PyTorch state dict (`Attention.load_torch_state_dict`),
+  and a KV cache for generation (`Attention.init_cache`, ``layer(x, decode=True)``).
 * `attention_fn`: a drop-in for ``flax.nnx.dot_product_attention``, so that
   ``nnx.MultiHeadAttention(..., attention_fn=jaxtile.nn.attention_fn)`` runs on jaxtile.
 * `rotary`: the rotary position embedding `Attention` applies with ``rope_theta``.
@@ -114,6 +115,10 @@ class Attention(nnx.Module):
     layout when ``num_kv_heads == num_heads``), or ``q_proj``, ``k_proj``, ``v_proj``
     (FlashTile's ``GroupedQueryAttention``).
 
+    For generation, `init_cache` allocates a KV cache and ``layer(x, decode=True)`` feeds
+    the next tokens of each sequence through it: a causal layer (or one whose window has
+    right side 0) then gives what the whole sequence would give at those positions.
+
     Args:
       embed_dim: model width.
       num_heads: query heads.
@@ -162,6 +167,7 @@ class Attention(nnx.Module):
             raise ValueError(f"{num_heads=} is not a multiple of {num_kv_heads=}")
         self.embed_dim, self.num_heads, self.num_kv_heads, self.head_dim = embed_dim, num_heads, num_kv_heads, head_dim
         self.fused_qkv, self.rope_theta = fused_qkv, rope_theta
+        self.cache_dtype = param_dtype if dtype is None else dtype
         self.options = dict(
             causal=causal,
             window=window,
@@ -182,11 +188,33 @@ class Attention(nnx.Module):
             self.v_proj = linear(embed_dim, kv_width)
         self.out_proj = linear(q_width, embed_dim)
         self.sinks = nnx.Param(jnp.zeros((num_heads,), param_dtype)) if sinks else None
+        self.cached_key: nnx.Cache | None = nnx.data(None)
+        self.cached_value: nnx.Cache | None = nnx.data(None)
+        self.cache_lengths: nnx.Cache | None = nnx.data(None)
+
+    def init_cache(self, batch: int, max_len: int, *, dtype: Any = None) -> None:
+        """Allocates an empty KV cache for ``batch`` sequences of up to ``max_len`` tokens.
+
+        Creates ``nnx.Cache`` variables ``cached_key`` and ``cached_value`` ``[batch,
+        max_len, num_kv_heads, head_dim]`` (keys stored after the rotary embedding) and
+        ``cache_lengths [batch]`` int32, the positions of each sequence filled so far (0
+        here), replacing any previous cache. ``dtype``: of the cached keys and values;
+        default the layer's ``dtype``, else its ``param_dtype``. Queries are cast to it
+        for the attention.
+        """
+        if batch < 1 or max_len < 1:
+            raise ValueError(f"init_cache needs batch >= 1 and max_len >= 1; got {batch=}, {max_len=}")
+        shape = (batch, max_len, self.num_kv_heads, self.head_dim)
+        dtype = self.cache_dtype if dtype is None else dtype
+        self.cached_key = nnx.Cache(jnp.zeros(shape, dtype))
+        self.cached_value = nnx.Cache(jnp.zeros(shape, dtype))
+        self.cache_lengths = nnx.Cache(jnp.zeros((batch,), jnp.int32))
 
     def __call__(
         self,
         x: jax.Array,
         *,
+        decode: bool = False,
         context: jax.Array | None = None,
         positions: jax.Array | None = None,
         kv_positions: jax.Array | None = None,
@@ -196,6 +224,17 @@ class Attention(nnx.Module):
         """``x [batch..., len, embed_dim]`` -> ``[batch..., len, embed_dim]``.
 
         Args:
+          decode: ``x [batch, q_len, embed_dim]`` holds the next ``q_len`` tokens of each
+            sequence in the cache (`init_cache`): one for a decode step, more for a
+            prefill chunk. Their keys and values are written at positions
+            ``cache_lengths[b] + arange(q_len)`` (also the default rotary ``positions``),
+            the queries attend to each sequence's first ``cache_lengths[b] + q_len``
+            cached keys (causal masks and windows aligned to their positions), and
+            ``cache_lengths`` advances by ``q_len``. Concrete lengths that would pass
+            ``max_len`` are an error; traced ones (under ``jit``) cannot be checked: the
+            write is clipped to the cache's end (``jax.lax.dynamic_update_slice``) and
+            the result is wrong. Not with ``context``, ``kv_positions``,
+            ``segment_ids`` or ``mask``.
           context: ``[batch..., kv_len, embed_dim]``: keys and values come from it
             (cross-attention; needs separate projections, ``fused_qkv=False``) instead
             of from ``x``. Causal masks and windows align the last query with the last
@@ -207,6 +246,9 @@ class Attention(nnx.Module):
             attend).
         """
         q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        if decode:
+            refused = dict(context=context, kv_positions=kv_positions, segment_ids=segment_ids, mask=mask)
+            lengths = self._cache_lengths(x, [name for name, value in refused.items() if value is not None])
         if context is not None and self.fused_qkv:
             raise ValueError(
                 "cross-attention (context=...) needs separate projections: build the layer with fused_qkv=False"
@@ -224,13 +266,50 @@ class Attention(nnx.Module):
         v = v.reshape(*v.shape[:-1], self.num_kv_heads, self.head_dim)
         if self.rope_theta is not None:
             if positions is None:
-                positions = jnp.broadcast_to(jnp.arange(q.shape[-3]), q.shape[:-2])
+                start = lengths[:, None] if decode else 0
+                positions = jnp.broadcast_to(start + jnp.arange(q.shape[-3]), q.shape[:-2])
             if kv_positions is None:
                 kv_positions = positions if context is None else jnp.broadcast_to(jnp.arange(k.shape[-3]), k.shape[:-2])
             q, k = rotary(q, positions, self.rope_theta), rotary(k, kv_positions, self.rope_theta)
+        kv_lengths = None
+        if decode:
+            k, v, kv_lengths = self._write_cache(k, v, lengths)
+            q = q.astype(k.dtype)
         sinks = None if self.sinks is None else self.sinks[...]
-        out = flash_attention(q, k, v, segment_ids=segment_ids, mask=mask, sinks=sinks, **self.options)
+        out = flash_attention(
+            q, k, v, segment_ids=segment_ids, mask=mask, kv_lengths=kv_lengths, sinks=sinks, **self.options
+        )
         return self.out_proj(out.reshape(*out.shape[:-2], q_width))
+
+    def _cache_lengths(self, x: jax.Array, refused: list[str]) -> jax.Array:
+        """The ``cache_lengths [batch]`` a decode call of ``x [batch, q_len, embed_dim]``
+        starts from, after checking the call against the cache."""
+        if refused:
+            raise ValueError(f"decode=True is self-attention through the KV cache; it does not take {refused}")
+        if self.cached_key is None:
+            raise ValueError("decode=True needs a cache: call layer.init_cache(batch, max_len) first")
+        batch, max_len = self.cached_key.shape[:2]
+        if x.ndim != 3 or x.shape[0] != batch:
+            raise ValueError(f"decode=True needs x of shape [batch={batch}, q_len, embed_dim]; got {x.shape}")
+        q_len, lengths = x.shape[1], self.cache_lengths[...]
+        if q_len > max_len:
+            raise ValueError(f"decode of {q_len=} tokens cannot fit in the cache ({max_len=})")
+        if not isinstance(lengths, jax.core.Tracer) and int(lengths.max()) + q_len > max_len:
+            raise ValueError(
+                f"decode of {q_len=} tokens would overflow the cache ({max_len=}): "
+                f"cache_lengths={np.asarray(lengths).tolist()}"
+            )
+        return lengths
+
+    def _write_cache(self, k: jax.Array, v: jax.Array, lengths: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Writes ``k, v [batch, q_len, num_kv_heads, head_dim]`` into the cache at each
+        sequence's ``lengths`` and advances them; returns the cached keys, values and
+        new lengths."""
+        write = jax.vmap(lambda cache, new, start: jax.lax.dynamic_update_slice_in_dim(cache, new, start, axis=0))
+        for cache, new in ((self.cached_key, k), (self.cached_value, v)):
+            cache[...] = write(cache[...], new.astype(cache[...].dtype), lengths)
+        self.cache_lengths[...] = lengths + k.shape[1]
+        return self.cached_key[...], self.cached_value[...], self.cache_lengths[...]
 
     def load_torch_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Copies the weights of a PyTorch module of the same shape into this layer.

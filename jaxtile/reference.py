@@ -45,6 +45,8 @@ def _forward(inputs: Inputs, config: Config) -> tuple[jax.Array, jax.Array, None
 
     logits = config.logits
     s = jnp.einsum("bqhgd,bkhd->bhgqk", q, k, precision="highest") * logits.scale
+    if inputs.bias is not None:
+        s = s + group_heads(inputs.bias, num_kv_heads).astype(jnp.float32)
     if logits.soft_cap is not None:
         s = logits.soft_cap * jnp.tanh(s / logits.soft_cap)
     s = jnp.where(visible, s, -jnp.inf)

@@ -33,7 +33,7 @@ from jaxtile._core import Backward, Config, Forward, Inputs, PagedForward, Shape
 
 DTYPES = frozenset({"float32", "bfloat16", "float16"})
 # Parts of the mask and logits a call can use (`features_of`).
-FEATURES = frozenset({"causal", "window", "segments", "dense_mask", "lengths", "soft_cap", "gqa"})
+FEATURES = frozenset({"causal", "window", "segments", "dense_mask", "lengths", "soft_cap", "gqa", "bias"})
 PLATFORMS = frozenset({"cpu", "gpu", "tpu"})
 
 # memory(shape, block_q, block_k, backward) -> (residual bytes, temporary bytes)
@@ -51,8 +51,9 @@ class Implementation:
         ``algorithm`` the one it implements (``"FlashAttention-2"``, ...), for reports.
       forward: ``(inputs, config) -> (out, lse, stats)``; ``stats`` is what ``backward``
         needs besides the output.
-      backward: ``(inputs, out, stats, dout, dlse, config) -> (dq, dk, dv)``, a pass that
-        recomputes attention from ``stats``; None to let JAX differentiate ``forward``.
+      backward: ``(inputs, out, stats, dout, dlse, config) -> (dq, dk, dv, dbias)``
+        (`_core.Backward`), a pass that recomputes attention from ``stats``; None to let
+        JAX differentiate ``forward``.
       paged_forward: the forward pass reading K and V from a paged cache
         (`jaxtile.paged_attention`), or None to have the pages gathered for ``forward``.
       memory: the bytes it needs beyond inputs and outputs (`jaxtile.analysis`).
@@ -136,6 +137,7 @@ def features_of(inputs: Inputs, config: Config) -> frozenset[str]:
         "lengths": spec.has_lengths,
         "soft_cap": config.logits.soft_cap is not None,
         "gqa": inputs.q.shape[2] != inputs.k.shape[2],
+        "bias": inputs.bias is not None,
     }
     return frozenset(name for name, on in used.items() if on)
 

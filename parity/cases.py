@@ -177,6 +177,10 @@ QUICK = _checked(
         sinks=True,
         page_size=16,
     ),
+    # An additive bias, read tile by tile, and its gradient: one shared by every
+    # sequence and head (a relative-position bias), and one per sequence and head.
+    Case("api_bias_shared_gqa_causal", num_heads=8, num_kv_heads=2, q_len=100, causal=True, bias="shared"),
+    Case("api_bias_full_window", q_len=90, kv_len=120, window=(20, 5), bias="full", dtype=BF16),
 )
 
 

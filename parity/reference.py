@@ -24,6 +24,7 @@ def attention(
     mask: torch.Tensor | None = None,
     q_lengths: torch.Tensor | None = None,
     kv_lengths: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
     logits_soft_cap: float | None = None,
     sinks: torch.Tensor | None = None,
     scale: float | None = None,
@@ -35,8 +36,9 @@ def attention(
     ``[batch..., H, T, S]``. ``q_lengths``/``kv_lengths`` ``[batch...]``: queries and keys
     past them are padding, and query ``i`` of a sequence sits at position ``i + kv_length
     - q_length``. ``sinks [H]``: one more logit per row of head ``h``, in the softmax
-    but with no value (so rows that see no key get 0 and the sink as lse). Differentiable
-    with torch autograd.
+    but with no value (so rows that see no key get 0 and the sink as lse). ``bias``
+    broadcasts to ``[batch..., H, T, S]`` and is added to the scaled scores, before the
+    soft cap. Differentiable with torch autograd.
     """
     q, k, v = (x.to(torch.float64) for x in (q, k, v))
     q_len, num_heads, head_dim = q.shape[-3:]
@@ -47,6 +49,8 @@ def attention(
 
     scores = torch.einsum("...thd,...shd->...hts", q, k)
     scores = scores * (1.0 / math.sqrt(head_dim) if scale is None else scale)
+    if bias is not None:
+        scores = scores + bias.to(torch.float64)
     if logits_soft_cap is not None:
         scores = logits_soft_cap * torch.tanh(scores / logits_soft_cap)
 

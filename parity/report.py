@@ -16,7 +16,7 @@ from bench.probe import git_state
 from parity.compare import Error
 from parity.run import QUANTITIES, Result
 
-_ERRORS_WIDTH = 13 * len(QUANTITIES) - 1  # five 12-character cells
+_ERRORS_WIDTH = 13 * len(QUANTITIES) - 1  # a 12-character cell per quantity
 _DTYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 
 

@@ -19,7 +19,9 @@ from parity import reference
 from parity.case import Case, make_inputs
 from parity.compare import Error, Tolerance, compare, finite, tolerance
 
-QUANTITIES = ("out", "lse", "dq", "dk", "dv", "dsinks")  # dsinks: only in cases with sinks
+QUANTITIES = ("out", "lse", "dq", "dk", "dv", "dsinks", "dbias")  # the last two: only in cases with them
+# The differentiated inputs of a case, in order; sinks and bias only where the case has them.
+PRIMALS = ("q", "k", "v", "sinks", "bias")
 
 # A jaxtile implementation name, or a function with ``flash_attention``'s signature that
 # returns ``(out, lse)`` (it is called with ``return_lse=True``): a wrapper under test.
@@ -153,7 +155,7 @@ def torch_reference(case: Case, arrays: dict, device: str = "cpu") -> dict[str, 
             x = x.astype(np.float64)
         return torch.tensor(x, device=device, requires_grad=grad)
 
-    q, k, v, sinks = tensor("q", True), tensor("k", True), tensor("v", True), tensor("sinks", True)
+    q, k, v, sinks, bias = (tensor(name, True) for name in PRIMALS)
     out, lse = reference.attention(
         q,
         k,
@@ -163,6 +165,7 @@ def torch_reference(case: Case, arrays: dict, device: str = "cpu") -> dict[str, 
         mask=tensor("mask"),
         q_lengths=tensor("q_lengths"),
         kv_lengths=tensor("kv_lengths"),
+        bias=bias,
         sinks=sinks,
         **case.options(),
     )
@@ -174,6 +177,8 @@ def torch_reference(case: Case, arrays: dict, device: str = "cpu") -> dict[str, 
     result = {"out": out, "lse": lse, "dq": q.grad, "dk": k.grad, "dv": v.grad}
     if sinks is not None:
         result["dsinks"] = sinks.grad
+    if bias is not None:
+        result["dbias"] = bias.grad
     return {name: x.detach().cpu().numpy() for name, x in result.items()}
 
 
@@ -191,7 +196,7 @@ def _paged_attend(case: Case, arrays: dict, implementation: Implementation, leng
     if kv_lengths is None:
         kv_lengths = jnp.full(case.batch, case.kv, jnp.int32)
 
-    def attend(q, k, v, *sinks):
+    def attend(q, k, v, *extras):
         return jaxtile.paged_attention(
             q,
             k_pool.at[:, page, offset].set(k.transpose(2, 0, 1, 3)),
@@ -201,21 +206,27 @@ def _paged_attend(case: Case, arrays: dict, implementation: Implementation, leng
             q_lengths=lengths["q_lengths"],
             implementation=implementation,
             return_lse=True,
-            **_sinks(sinks),
+            **_extras(arrays, extras),
             **case.options(),
         )
 
     return attend
 
 
-def _sinks(sinks: tuple) -> dict:
-    """The ``sinks=`` keyword of an attention call, from ``attend``'s optional argument."""
-    return {"sinks": sinks[0]} if sinks else {}
+def _extras(arrays: dict, extras: tuple) -> dict:
+    """The ``sinks=`` and ``bias=`` keywords of an attention call, from ``attend``'s
+    differentiated arguments after q, k, v (those of `PRIMALS` the case has)."""
+    return dict(zip([name for name in PRIMALS[3:] if arrays[name] is not None], extras))
+
+
+def _differentiated(arrays: dict) -> list[str]:
+    """The names of `PRIMALS` the case has, in order."""
+    return [name for name in PRIMALS if arrays[name] is not None]
 
 
 def jaxtile_function(case: Case, arrays: dict, implementation: Implementation):
     """A freshly jitted ``run`` and its arguments: ``run(*args)`` gives jaxtile's
-    ``(out, lse, dq, dk, dv)`` (and ``dsinks`` for a case with sinks) on the case's
+    ``(out, lse, dq, dk, dv)`` (and ``dsinks``, ``dbias`` for a case with them) on the case's
     arrays, in their dtypes (a paged case through `jaxtile.paged_attention`, gradients
     with respect to the contiguous k, v)."""
     segment_ids = None
@@ -231,7 +242,7 @@ def jaxtile_function(case: Case, arrays: dict, implementation: Implementation):
         if isinstance(implementation, str):
             implementation = functools.partial(jaxtile.flash_attention, implementation=implementation)
 
-        def attend(q, k, v, *sinks):
+        def attend(q, k, v, *extras):
             return implementation(
                 q,
                 k,
@@ -242,7 +253,7 @@ def jaxtile_function(case: Case, arrays: dict, implementation: Implementation):
                 block_q=case.block_q,
                 block_k=case.block_k,
                 return_lse=True,
-                **_sinks(sinks),
+                **_extras(arrays, extras),
                 **case.options(),
             )
 
@@ -251,7 +262,7 @@ def jaxtile_function(case: Case, arrays: dict, implementation: Implementation):
         (out, lse), vjp = jax.vjp(attend, *primals)
         return (out, lse, *vjp((dout, dlse)))
 
-    primals = [jnp.asarray(arrays[name]) for name in ("q", "k", "v", "sinks") if arrays[name] is not None]
+    primals = [jnp.asarray(arrays[name]) for name in _differentiated(arrays)]
     dlse = jnp.zeros((*case.batch, case.num_heads, case.q_len), jnp.float32)
     if arrays["dlse"] is not None:
         dlse = jnp.asarray(arrays["dlse"])
@@ -262,7 +273,8 @@ def jaxtile_result(case: Case, arrays: dict, implementation: Implementation) -> 
     """Output, lse and gradients from jaxtile, compiled once with ``jit``."""
     run, args = jaxtile_function(case, arrays, implementation)
     values = jax.block_until_ready(run(*args))
-    return {name: np.asarray(x.astype(jnp.float32)) for name, x in zip(QUANTITIES, values)}
+    names = ("out", "lse", *(f"d{name}" for name in _differentiated(arrays)))
+    return {name: np.asarray(x.astype(jnp.float32)) for name, x in zip(names, values)}
 
 
 def run_case(case: Case, implementation: Implementation, device: str = "cpu") -> Result:

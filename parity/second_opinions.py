@@ -61,6 +61,8 @@ def _unsupported_by_both(problem: Problem) -> str | None:
         return "no per-sequence lengths with jaxtile's alignment"
     if case.sinks:
         return "no attention sinks"
+    if case.bias is not None:
+        return "the bias is not passed to it"
     if problem.has_empty_rows:
         return "a fully masked row is not 0 there"
     return None

@@ -32,12 +32,17 @@ def pytest_runtest_makereport(item, call):
 
 
 def pytest_collection_modifyitems(config, items):
-    if ON_GPU:
-        return
+    """GPU tests are skipped off the GPU; tests of an implementation that this platform
+    runs only interpreted (Pallas kernels on the CPU) are marked ``interpreted``, so
+    that ``-m "not interpreted"`` is a quick check."""
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU")
     for item in items:
-        if "gpu" in item.keywords:
+        if "gpu" in item.keywords and not ON_GPU:
             item.add_marker(skip)
+        params = getattr(item, "callspec", None)
+        records = [] if params is None else [params.params.get(name) for name in ("impl", "tiled_impl")]
+        if any(r is not None and jax.default_backend() not in r.platforms for r in records):
+            item.add_marker(pytest.mark.interpreted)
 
 
 @pytest.fixture(params=IMPLEMENTATIONS, ids=lambda i: i.name)

@@ -118,6 +118,15 @@ BAD_INPUTS = [
     ("sinks per batch", dict(sinks=jnp.zeros((2, Q.shape[2]))), ValueError, f"sinks must have shape ({Q.shape[2]},)"),
     ("integer sinks", dict(sinks=jnp.zeros(Q.shape[2], jnp.int32)), TypeError, "sinks must have a floating dtype"),
     ("sinks a list", dict(sinks=[0.0] * Q.shape[2]), TypeError, "sinks must be an array"),
+    ("bias does not broadcast", dict(bias=jnp.zeros((3, 16, 24))), ValueError, "bias of shape (3, 16, 24) does not"),
+    ("integer bias", dict(bias=jnp.zeros((16, 24), jnp.int32)), TypeError, "bias.dtype=int32 is not supported"),
+    ("bias a list", dict(bias=[[0.0] * 24] * 16), TypeError, "bias must be an array"),
+    (
+        "bias on a kernel",
+        dict(bias=jnp.zeros((16, 24)), implementation="pallas_v2"),
+        NotImplementedError,
+        "pallas_v2 does not support bias. Implementations that support this call: ['scan_v2', 'scan_v1', 'reference']",
+    ),
 ]
 
 
@@ -163,6 +172,40 @@ def test_bad_input_raises_clear_error(what, changes, error, text):
     with pytest.raises(error) as info:
         _call(changes)
     assert text in str(info.value), f"{what}: message {str(info.value)!r} lacks {text!r}"
+
+
+# Options passed as NumPy or concrete JAX scalars, as users write them by habit, and the
+# Python values they stand for.
+HABITUAL_SCALARS = [
+    ("scale from jnp.sqrt", dict(scale=1 / jnp.sqrt(jnp.float32(8))), dict(scale=float(1 / np.sqrt(np.float32(8))))),
+    ("scale numpy float", dict(scale=np.float32(0.25)), dict(scale=0.25)),
+    ("causal numpy bool", dict(causal=np.bool_(True)), dict(causal=True)),
+    ("causal jax bool", dict(causal=jnp.array(True)), dict(causal=True)),
+    ("window jax int", dict(window=jnp.int32(3)), dict(window=3)),
+    ("window numpy pair", dict(window=(np.int64(5), jnp.array(0))), dict(window=(5, 0))),
+    ("soft cap jax float", dict(logits_soft_cap=jnp.float32(5.0)), dict(logits_soft_cap=5.0)),
+    ("block numpy int", dict(block_q=np.int64(16), block_k=jnp.int32(16)), dict(block_q=16, block_k=16)),
+    ("return_lse numpy bool", dict(return_lse=np.bool_(True)), dict(return_lse=True)),
+]
+
+
+@pytest.mark.parametrize("what,habit,python", HABITUAL_SCALARS, ids=[h[0] for h in HABITUAL_SCALARS])
+def test_concrete_scalars_are_converted(what, habit, python):
+    """Concrete NumPy/JAX scalars for static options give exactly the Python value's
+    result; traced ones keep the clear error of `BAD_INPUTS`."""
+    got, want = _call(habit), _call(python)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w), err_msg=what)
+
+
+def test_scalar_arrays_of_the_wrong_kind_are_refused():
+    for changes, text in (
+        (dict(causal=jnp.array(1)), "causal must be a Python bool"),
+        (dict(window=jnp.float32(2.0)), "window must be a Python int"),
+        (dict(scale=jnp.ones(2)), "scale must be a Python float"),
+    ):
+        with pytest.raises(TypeError, match=text):
+            _call(changes)
 
 
 @pytest.mark.parametrize("what,changes,error,text", BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])

@@ -33,7 +33,10 @@ OPTIONS = {
     "lengths_sinks": dict(
         kv_lengths=jnp.array([33, 0]), q_lengths=jnp.array([40, 9]), sinks=jnp.array([0.5, -1.0, 2.0, 0.0])
     ),
-    "dense_mask": dict(mask=jnp.asarray(np.random.default_rng(3).random((BATCH, 1, LEN, LEN)) < 0.6)),
+    "dense_mask_bias": dict(
+        mask=jnp.asarray(np.random.default_rng(3).random((BATCH, 1, LEN, LEN)) < 0.6),
+        bias=jnp.asarray(np.random.default_rng(4).standard_normal((HEADS, LEN, LEN)), jnp.float32),
+    ),
 }
 
 
@@ -81,14 +84,16 @@ def _able() -> str:
     return re.escape(str([i.name for i in registry.implementations() if i.jax_differentiable]))
 
 
-def _skip_unless_it_takes_the_test_shape(impl):
+def _skip_unless_it_takes_the_call(impl, mask: str):
     if impl.max_q_len is not None and impl.max_q_len < LEN:
         pytest.skip(f"{impl.name} takes at most {impl.max_q_len} queries")
+    if "bias" in OPTIONS[mask] and "bias" not in impl.features:
+        pytest.skip(f"{impl.name} takes no bias")
 
 
 @pytest.mark.parametrize("mask", OPTIONS)
 def test_second_derivatives_match_reference(impl, mask):
-    _skip_unless_it_takes_the_test_shape(impl)
+    _skip_unless_it_takes_the_call(impl, mask)
     args = _arrays()
     if not impl.jax_differentiable:
         with pytest.raises(
@@ -102,7 +107,7 @@ def test_second_derivatives_match_reference(impl, mask):
 
 @pytest.mark.parametrize("mask", OPTIONS)
 def test_forward_mode_matches_reference(impl, mask):
-    _skip_unless_it_takes_the_test_shape(impl)
+    _skip_unless_it_takes_the_call(impl, mask)
     args = _arrays()
     if not impl.jax_differentiable:
         with pytest.raises(registry.Unsupported, match="forward-mode autodiff needs passes JAX differentiates"):
@@ -132,7 +137,7 @@ def test_jacfwd_and_batched_jvp_choose_a_differentiable_implementation():
 
 def test_first_derivatives_unchanged_by_second_order_support(impl):
     # grad inside vmap and jit, as before: the first derivative is the custom backward.
-    _skip_unless_it_takes_the_test_shape(impl)
+    _skip_unless_it_takes_the_call(impl, "causal_gqa")
     q, k, v = _arrays()
     attention = _attention(impl.name, dict(causal=True))
     loss = lambda q, k, v: jnp.sum(attention(q, k, v) ** 2)  # noqa: E731

@@ -1,8 +1,9 @@
 """`jaxtile.dot_product_attention` against ``jax.nn.dot_product_attention`` itself.
 
 Hypothesis draws problems in jax.nn's terms (q_len below, equal to or above kv_len, GQA,
-``is_causal``, ``local_window_size``, query and key lengths, boolean masks) and every
-implementation must give jax.nn's ``"xla"`` output, residual (lse) and gradients, with
+``is_causal``, ``local_window_size``, query and key lengths, boolean masks, additive biases
+of every broadcast shape) and every implementation that takes the problem must give jax.nn's
+``"xla"`` output, residual (lse) and gradients (the bias's among them), with
 the tolerances of ``parity.compare``. The one deliberate difference is checked too: a
 query that sees no key gets output 0 (jax.nn's fill of large negative logits gives it
 the mean of all values), so those rows are compared with 0 instead. A fixed seed per
@@ -30,7 +31,15 @@ import jaxtile
 from parity.compare import TOLERANCES, compare
 
 TOL = TOLERANCES["float32"]
-EXAMPLES = {False: 12, True: 6}  # keyed by "runs here interpreted"
+# Examples per implementation, by what its record says (on CPU: 100 for the reference, 50
+# for each lax implementation, 4 for each interpreted kernel; more than 200 in all).
+EXAMPLES = {"interpreted": 4, "tiled": 50, "materialised": 100}
+
+
+def _examples(impl) -> int:
+    if jax.default_backend() not in impl.platforms:
+        return EXAMPLES["interpreted"]
+    return EXAMPLES["tiled" if impl.tiled else "materialised"]
 
 
 @st.composite
@@ -54,11 +63,15 @@ def problems(draw, max_q_len: int | None) -> dict:
     mask_shape = draw(st.sampled_from((None, (batch, num_heads), (1, num_heads), (batch, 1))))
     if mask_shape is not None:
         options["mask"] = jnp.asarray(rng.random((*mask_shape, q_len, kv_len)) < 0.8)
+    bias_shape = draw(
+        st.sampled_from((None, (batch, num_heads, q_len, kv_len), (1, num_heads, q_len, kv_len), (batch, 1, 1, kv_len)))
+    )
     arrays = dict(
         query=normal(batch, q_len, num_heads, head_dim),
         key=normal(batch, kv_len, num_kv_heads, head_dim),
         value=normal(batch, kv_len, num_kv_heads, head_dim),
         dout=normal(batch, q_len, num_heads, head_dim),
+        bias=None if bias_shape is None else normal(*bias_shape),
     )
     return arrays | {"options": options}
 
@@ -93,34 +106,40 @@ def _visible(
     return ok
 
 
-def _budget(implementation: str, slow: bool, examples: int | None = None):
-    examples = examples or int(os.environ.get("JAXTILE_HYPOTHESIS_EXAMPLES", EXAMPLES[slow]))
+def _budget(implementation: str, examples: int):
+    examples = int(os.environ.get("JAXTILE_HYPOTHESIS_EXAMPLES", examples))
     chosen = zlib.crc32(f"jax_nn/{implementation}".encode()) + int(os.environ.get("JAXTILE_HYPOTHESIS_SEED", 0))
     budget = settings(max_examples=examples, database=None, deadline=None, suppress_health_check=list(HealthCheck))
     return lambda test: seed(chosen)(budget(test))
 
 
-def _run(attention, query, key, value, dout, row_weight, options):
-    """``(out, lse, dq, dk, dv)``: the cotangent ``dout`` on the rows ``row_weight``
-    keeps (``[batch, q_len, heads]``)."""
+def _run(attention, query, key, value, bias, dout, row_weight, options):
+    """``(out, lse, dq, dk, dv[, dbias])``, compiled as one program: the cotangent
+    ``dout`` on the rows ``row_weight`` keeps (``[batch, q_len, heads]``)."""
+    arrays = {name: x for name, x in options.items() if isinstance(x, jax.Array)}
+    static = {name: x for name, x in options.items() if name not in arrays}
 
-    def attend(q, k, v):
-        return attention(q, k, v, return_residual=True, **options)
+    @jax.jit
+    def run(query, key, value, bias, dout, row_weight, arrays):
+        def attend(q, k, v, *bias):
+            return attention(q, k, v, *bias, return_residual=True, **static, **arrays)
 
-    (out, lse), vjp = jax.vjp(attend, query, key, value)
-    grads = vjp((dout * row_weight[..., None], jnp.zeros_like(lse)))
-    return (out, lse, *grads)
+        (out, lse), vjp = jax.vjp(attend, query, key, value, *([] if bias is None else [bias]))
+        grads = vjp((dout * row_weight[..., None], jnp.zeros_like(lse)))
+        return (out, lse, *grads)
+
+    return run(query, key, value, bias, dout, row_weight, arrays)
 
 
 def _check_random_problems(impl, examples: int | None = None, setting=contextlib.nullcontext):
     """The property test, jaxtile running under ``setting`` (jax.nn under defaults)."""
-    slow = jax.default_backend() not in impl.platforms
     block = 16 if impl.power_of_two_blocks else 8
 
-    @_budget(impl.name, slow, examples)
+    @_budget(impl.name, examples or _examples(impl))
     @given(problems(impl.max_q_len))
     def check(problem):
         options = problem.pop("options")
+        assume(problem["bias"] is None or "bias" in impl.features)
         visible = _visible(problem["query"], problem["key"], **options)
         sees = visible.any(-1).transpose(0, 2, 1)  # [batch, q_len, heads]
         # A row that sees one key has an exact dS of 0 (see parity.case.Case.grads):
@@ -128,19 +147,21 @@ def _check_random_problems(impl, examples: int | None = None, setting=contextlib
         assume((visible.sum(-1) >= 2).any())
         mine = functools.partial(jaxtile.dot_product_attention, implementation=impl.name, block_q=block, block_k=block)
         theirs = functools.partial(jax.nn.dot_product_attention, implementation="xla")
-        args = (problem["query"], problem["key"], problem["value"], problem["dout"], jnp.asarray(sees, jnp.float32))
+        arrays = (problem[name] for name in ("query", "key", "value", "bias", "dout"))
+        args = (*arrays, jnp.asarray(sees, jnp.float32))
         with setting():
             got = _run(mine, *args, options)
         with jax.default_matmul_precision("highest"):  # XLA's float32 default on GPUs is TF32
             expected = _run(theirs, *args, options)
-        what = f"{impl.name} {dict((k, v.shape) for k, v in problem.items())} {options}"
+        what = f"{impl.name} {dict((k, v.shape) for k, v in problem.items() if v is not None)} {options}"
         rows = sees[..., None]
         out = np.asarray(got[0])
         assert not np.any(np.where(rows, 0.0, out)), f"{what}: a row that sees no key is not 0"
         assert compare(np.where(rows, out, 0.0), np.where(rows, expected[0], 0.0), TOL).ok, what
         lse_ok = compare(np.asarray(got[1])[sees], np.asarray(expected[1])[sees], TOL)
         assert lse_ok.ok, f"{what}: residual {lse_ok}"
-        for name, x, ref in zip(("dq", "dk", "dv"), got[2:], expected[2:]):
+        assert len(got) == len(expected), what
+        for name, x, ref in zip(("dq", "dk", "dv", "dbias"), got[2:], expected[2:]):
             error = compare(np.asarray(x), np.asarray(ref), TOL)
             assert error.ok, f"{what}: {name} {error}"
 
@@ -190,7 +211,8 @@ def test_top_left_causal_differs_from_flash_attention_as_documented():
 @pytest.mark.parametrize(
     "kwargs, error, text",
     [
-        (dict(bias=jnp.zeros((1, 4, 24, 24))), NotImplementedError, "additive bias"),
+        (dict(bias=jnp.ones((1, 4, 24, 23))), ValueError, r"bias of shape \(1, 4, 24, 23\) does not broadcast"),
+        (dict(bias=jnp.ones((1, 4, 24, 24), jnp.int32)), TypeError, "bias.dtype=int32 is not supported"),
         (dict(implementation="cudnn"), ValueError, "unknown implementation='cudnn'"),
         (dict(return_residual=1), TypeError, "return_lse must be a Python bool"),
         (dict(sinks=jnp.zeros(3)), ValueError, r"sinks must have shape \(4,\)"),

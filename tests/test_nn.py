@@ -4,6 +4,7 @@
 separate projections, ``out_proj``) whose attention is the float64 parity reference:
 same weights, same output and gradients (inputs and every parameter) within the float32
 tolerance. `attention_fn` against Flax's own attention inside ``nnx.MultiHeadAttention``.
+`Attention`'s KV-cache decoding against the same layer run on whole sequences.
 """
 
 from __future__ import annotations
@@ -247,3 +248,134 @@ def test_cross_attention_reads_keys_and_values_from_the_context():
     assert compare(np.asarray(layer(x, context=context)), np.asarray(expected, np.float64), TOL).ok
     with pytest.raises(ValueError, match="fused_qkv=False"):
         nn.Attention(32, 4, rngs=nnx.Rngs(2))(x, context=context)
+
+
+DECODE_LAYERS = [
+    dict(num_kv_heads=2, causal=True, rope_theta=10000.0),
+    dict(num_kv_heads=2, window=(3, 0), sinks=True, rope_theta=10000.0, fused_qkv=False),
+]
+DECODE_IDS = ["causal-gqa-rope", "window-sinks"]
+
+
+def _decode_layer(options):
+    """``Attention(32, 4, **options)``, its sinks (if any) random rather than 0."""
+    layer = nn.Attention(32, 4, block_q=16, block_k=16, rngs=nnx.Rngs(4), **options)
+    if layer.sinks is not None:
+        layer.sinks[...] = jnp.asarray(np.random.default_rng(13).standard_normal(4), jnp.float32)
+    return layer
+
+
+def _noisy_cache(layer, batch, max_len, rng):
+    """``layer.init_cache(batch, max_len)`` with noise in the unfilled slots, which
+    decoding must never read."""
+    layer.init_cache(batch, max_len)
+    for cache in (layer.cached_key, layer.cached_value):
+        cache[...] = jnp.asarray(rng.standard_normal(cache.shape), jnp.float32)
+
+
+def _close(got, expected):
+    np.testing.assert_allclose(np.asarray(got), np.asarray(expected), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("options", DECODE_LAYERS, ids=DECODE_IDS)
+def test_decode_equals_the_whole_sequence(options):
+    # Prefill 5 tokens, then 7 single-token steps: the rows of the whole 12-token run.
+    rng = np.random.default_rng(9)
+    layer = _decode_layer(options)
+    x = jnp.asarray(rng.standard_normal((2, 12, 32)), jnp.float32)
+    for positions in (None, jnp.broadcast_to(3 * jnp.arange(12), (2, 12))):
+        expected = layer(x, positions=positions)
+        _noisy_cache(layer, 2, 16, rng)
+        chunks = []
+        for start, stop in ((0, 5), *((t, t + 1) for t in range(5, 12))):
+            given = None if positions is None else positions[:, start:stop]
+            chunks.append(layer(x[:, start:stop], decode=True, positions=given))
+        _close(np.concatenate(chunks, axis=1), expected)
+        np.testing.assert_array_equal(layer.cache_lengths[...], [12, 12])
+    # The explicit positions (with gaps) were used: they change the result.
+    assert not np.allclose(np.asarray(expected), np.asarray(layer(x)), atol=1e-3)
+
+
+@pytest.mark.parametrize("options", DECODE_LAYERS, ids=DECODE_IDS)
+def test_decode_a_batch_of_sequences_of_different_lengths(options):
+    # As a server batches requests: two sequences prefilled alone, in chunks of 4, to 8 and
+    # 4 tokens, their caches stacked, then 3 single-token steps and a chunk of 2 fed to both
+    # together. Each must see only its own keys, at its own positions.
+    rng = np.random.default_rng(10)
+    layer = _decode_layer(options)
+    x = jnp.asarray(rng.standard_normal((2, 13, 32)), jnp.float32)
+    expected = [layer(x[b : b + 1])[0] for b in range(2)]
+    prefill = (8, 4)
+    caches = []
+    for b, n in enumerate(prefill):
+        _noisy_cache(layer, 1, 16, rng)
+        for start in range(0, n, 4):
+            _close(layer(x[b : b + 1, start : start + 4], decode=True)[0], expected[b][start : start + 4])
+        caches.append([layer.cached_key[...], layer.cached_value[...], layer.cache_lengths[...]])
+    layer.init_cache(2, 16)
+    for cache, parts in zip((layer.cached_key, layer.cached_value, layer.cache_lengths), zip(*caches)):
+        cache[...] = jnp.concatenate(parts)
+    got = [[], []]
+    for start, q_len in ((0, 1), (1, 1), (2, 1), (3, 2)):
+        out = layer(jnp.stack([x[b, n + start : n + start + q_len] for b, n in enumerate(prefill)]), decode=True)
+        for b in range(2):
+            got[b].append(out[b])
+    for b, n in enumerate(prefill):
+        _close(np.concatenate(got[b]), expected[b][n : n + 5])
+    np.testing.assert_array_equal(layer.cache_lengths[...], [13, 9])
+
+
+@pytest.mark.parametrize("options", DECODE_LAYERS, ids=DECODE_IDS)
+def test_decode_under_jit_matches_eager(options):
+    rng = np.random.default_rng(11)
+    x = jnp.asarray(rng.standard_normal((2, 10, 32)), jnp.float32)
+    eager, jitted = _decode_layer(options), _decode_layer(options)
+    noise = [jnp.asarray(rng.standard_normal((2, 12, 2, 8)), jnp.float32) for _ in range(2)]
+    for layer in (eager, jitted):
+        layer.init_cache(2, 12)
+        layer.cached_key[...], layer.cached_value[...] = noise
+    traced = []
+
+    @nnx.jit
+    def step(layer, x):
+        traced.append(x.shape)
+        return layer(x, decode=True)
+
+    for start, stop in ((0, 4), *((t, t + 1) for t in range(4, 10))):
+        _close(step(jitted, x[:, start:stop]), eager(x[:, start:stop], decode=True))
+    for name in ("cached_key", "cached_value", "cache_lengths"):
+        _close(getattr(jitted, name)[...], getattr(eager, name)[...])
+    np.testing.assert_array_equal(jitted.cache_lengths[...], [10, 10])
+    # The cache lengths are traced state: one compilation per chunk shape, not per step.
+    assert traced == [(2, 4, 32), (2, 1, 32)]
+
+
+def test_decode_refuses_what_it_cannot_do():
+    rng = np.random.default_rng(12)
+    layer = nn.Attention(32, 4, num_kv_heads=2, causal=True, fused_qkv=False, rngs=nnx.Rngs(5))
+    x = jnp.asarray(rng.standard_normal((2, 3, 32)), jnp.float32)
+    with pytest.raises(ValueError, match=r"call layer.init_cache\(batch, max_len\) first"):
+        layer(x, decode=True)
+    layer.init_cache(2, 8)
+    refused = dict(
+        context=x,
+        kv_positions=jnp.broadcast_to(jnp.arange(3), (2, 3)),
+        segment_ids=jnp.asarray(rng.integers(0, 2, (2, 3)), jnp.int32),
+        mask=jnp.asarray(rng.random((3, 8)) < 0.5),
+    )
+    for name, value in refused.items():
+        with pytest.raises(ValueError, match=rf"self-attention through the KV cache; it does not take \['{name}'\]"):
+            layer(x, decode=True, **{name: value})
+    with pytest.raises(ValueError, match=r"x of shape \[batch=2, q_len, embed_dim\]; got \(1, 3, 32\)"):
+        layer(x[:1], decode=True)
+    layer(x, decode=True)
+    layer(x, decode=True)
+    with pytest.raises(
+        ValueError, match=r"q_len=3 tokens would overflow the cache \(max_len=8\): cache_lengths=\[6, 6\]"
+    ):
+        layer(x, decode=True)
+    np.testing.assert_array_equal(layer.cache_lengths[...], [6, 6])
+    with pytest.raises(ValueError, match=r"q_len=9 tokens cannot fit in the cache \(max_len=8\)"):
+        layer(jnp.asarray(rng.standard_normal((2, 9, 32)), jnp.float32), decode=True)
+    with pytest.raises(ValueError, match=r"batch=2, max_len=0"):
+        layer.init_cache(2, 0)

@@ -138,6 +138,32 @@ def check_jit_with_gspmd_partitioner():
         jax.config.update("jax_use_shardy_partitioner", previous)
 
 
+def check_jit_bias_per_head_sharded_with_the_heads():
+    # A bias [heads, q, k] sharded like the heads: its gradient, formed per batch element
+    # and head on each device, is summed over the batch shards (the one all-reduce).
+    mesh = _mesh()
+    q, k, v, dout = _arrays(HEADS)
+    bias = jnp.asarray(np.random.default_rng(5).standard_normal((HEADS, LEN, LEN)), jnp.float32)
+    for implementation in _available(features=frozenset({"causal", "bias"})):
+
+        def run(q, k, v, bias, dout, implementation=implementation):
+            def attend(q, k, v, bias):
+                return jaxtile.flash_attention(q, k, v, bias=bias, causal=True, implementation=implementation)
+
+            out, vjp = jax.vjp(attend, q, k, v, bias)
+            return (out, *vjp(dout))
+
+        expected = jax.jit(run)(q, k, v, bias, dout)
+        qs, bs = NamedSharding(mesh, P("data", None, "model")), NamedSharding(mesh, P("model"))
+        compiled = jax.jit(run, in_shardings=(qs, qs, qs, bs, qs)).lower(q, k, v, bias, dout).compile()
+        counts = host_devices.collectives(compiled.as_text())
+        assert not any(counts[name] for name in GATHERS), f"{implementation} with a bias: {counts}"
+        got = compiled(q, k, v, bias, dout)
+        for name, x, ref in zip(("out", "dq", "dk", "dv", "dbias"), got, expected):
+            error = compare(np.asarray(x), np.asarray(ref), TOLERANCES["float32"])
+            assert error.ok, f"{implementation} with a bias: {name} differs from the unsharded result: {error}"
+
+
 def _check_vma(implementation: str) -> bool:
     """Pallas interpret mode runs kernels in a while loop whose carries drop the inputs'
     varying mesh axes (a JAX interpreter limitation; compiled kernels keep them)."""

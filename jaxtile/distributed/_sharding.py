@@ -43,10 +43,11 @@ from jaxtile._core import Attention, Backward, Config, Derivative, Forward, Inpu
 
 # What each argument and result of a pass is, spelled by its dimensions: b batch, q query
 # rows, t key rows, h query heads, k kv heads, d and e head dims. Softmax statistics are
-# "rows" ([batch, num_heads, ...]); the dense mask is [1|batch, 1|num_heads, 1|q, 1|t];
-# the lengths are [batch, 2] (z: the pair).
+# "rows" ([batch, num_heads, ...]); the dense mask and the bias are [1|batch, 1|num_heads,
+# 1|q, 1|t]; the lengths are [batch, 2] (z: the pair); the bias's gradient is per score.
 _SEQ_Q, _SEQ_K, _IDS_Q, _IDS_K, _MASK, _ROWS, _LENGTHS = "bqhd", "btkd", "bq", "bt", "mask", "rows", "bz"
-_INPUTS = Inputs(_SEQ_Q, _SEQ_K, _SEQ_K, _IDS_Q, _IDS_K, _MASK, _LENGTHS)
+_SCORES = "bhqt"
+_INPUTS = Inputs(_SEQ_Q, _SEQ_K, _SEQ_K, _IDS_Q, _IDS_K, _MASK, _LENGTHS, _MASK)
 
 
 def _axes(entry) -> tuple[str, ...]:
@@ -207,7 +208,7 @@ def partitioned(forward: Forward, backward: Backward, derivative: Callable[[Call
         return _per_shard(forward, (_INPUTS,), (_SEQ_Q, _ROWS, _ROWS), (inputs,), config)
 
     def backward_shards(inputs: Inputs, out, stats, dout, dlse, config: Config):
-        roles = ((_INPUTS, _SEQ_Q, _ROWS, _SEQ_Q, _ROWS), (_SEQ_Q, _SEQ_K, _SEQ_K))
+        roles = ((_INPUTS, _SEQ_Q, _ROWS, _SEQ_Q, _ROWS), (_SEQ_Q, _SEQ_K, _SEQ_K, _SCORES))
         return _per_shard(backward, *roles, (inputs, out, stats, dout, dlse), config)
 
     forward_d, backward_d = derivative(forward), derivative(backward)

@@ -118,7 +118,7 @@ def _ring_bwd(ring: _Ring, residuals, cotangents):
     dout, dlse = cotangents
 
     def grads(config, kv, acc):
-        g_q, g_k, g_v = ring.implementation.backward(_block(inputs, kv), out, lse, dout, dlse, config)
+        g_q, g_k, g_v, _ = ring.implementation.backward(_block(inputs, kv), out, lse, dout, dlse, config)
         dq, (dk, dv) = acc
         return dq + g_q, (dk + g_k, dv + g_v)
 

@@ -62,7 +62,7 @@ class Tiled(NamedTuple):
     q: ``[batch, kv_heads, group, q_padded, head_dim]``
     k: ``[batch, kv_heads, kv_padded, head_dim]``; v likewise with ``head_dim_v``.
     q_segment_ids / kv_segment_ids: ``[batch, q_padded]`` / ``[batch, kv_padded]``.
-    mask: ``[1|batch, 1|kv_heads, 1|group, 1|q_padded, 1|kv_padded]``.
+    mask: ``[1|batch, 1|kv_heads, 1|group, 1|q_padded, 1|kv_padded]``; bias likewise.
     lengths: ``[batch, 2]`` ``(q_length, kv_length)``.
     """
 
@@ -73,6 +73,7 @@ class Tiled(NamedTuple):
     kv_segment_ids: jax.Array | None
     mask: jax.Array | None
     lengths: jax.Array | None
+    bias: jax.Array | None
 
 
 def _pad_axis(x, axis: int, size: int, value=0):
@@ -113,6 +114,20 @@ def kv_heads_last(x, kv_len: int, dtype):
     return jnp.moveaxis(x, 0, 2).reshape(b, h, n * bk, d)[:, :, :kv_len].swapaxes(1, 2).astype(dtype)
 
 
+def _scores_layout(x, num_kv_heads: int, tiling: Tiling, fill):
+    """A ``[1|batch, 1|num_heads, 1|q_len, 1|kv_len]`` array (dense mask, bias) as
+    ``[1|batch, 1|kv_heads, 1|group, 1|q_padded, 1|kv_padded]``, padded with ``fill``."""
+    if x is None:
+        return None
+    x = group_heads(x, num_kv_heads)
+    n_q, n_kv = x.shape[3:]
+    if n_q > 1:
+        x = _pad_axis(x, 3, tiling.q_padded, fill)
+    if n_kv > 1:
+        x = _pad_axis(x, 4, tiling.kv_padded, fill)
+    return x
+
+
 def tile(inputs: Inputs, tiling: Tiling) -> Tiled:
     """Pads the canonical inputs to whole tiles and puts heads before sequence."""
     num_kv_heads = inputs.k.shape[2]
@@ -120,22 +135,15 @@ def tile(inputs: Inputs, tiling: Tiling) -> Tiled:
     def seg(ids, padded):
         return None if ids is None else _pad_axis(ids, 1, padded)
 
-    mask = inputs.mask
-    if mask is not None:
-        mask = group_heads(mask, num_kv_heads)
-        n_q, n_kv = mask.shape[3:]
-        if n_q > 1:
-            mask = _pad_axis(mask, 3, tiling.q_padded, False)
-        if n_kv > 1:
-            mask = _pad_axis(mask, 4, tiling.kv_padded, False)
     return Tiled(
         q_heads_first(inputs.q, num_kv_heads, tiling.q_padded),
         kv_heads_first(inputs.k, tiling.kv_padded),
         kv_heads_first(inputs.v, tiling.kv_padded),
         seg(inputs.q_segment_ids, tiling.q_padded),
         seg(inputs.kv_segment_ids, tiling.kv_padded),
-        mask,
+        _scores_layout(inputs.mask, num_kv_heads, tiling, False),
         inputs.lengths,
+        _scores_layout(inputs.bias, num_kv_heads, tiling, 0),
     )
 
 
@@ -164,6 +172,37 @@ def rows(x, index, block: int, axis: int):
     return lax.dynamic_slice_in_dim(x, index * block, block, axis)
 
 
+def pair_tile(x, tiling: Tiling, q_tile, kv_tile):
+    """Tile ``(q_tile, kv_tile)`` of a `Tiled` mask or bias (dimensions of size 1 stay)."""
+    if x.shape[3] > 1:
+        x = rows(x, q_tile, tiling.block_q, 3)
+    if x.shape[4] > 1:
+        x = rows(x, kv_tile, tiling.block_k, 4)
+    return x
+
+
+def set_pair_tile(x, value, tiling: Tiling, q_tile, kv_tile):
+    """``x [..., q_padded, kv_padded]`` with tile ``(q_tile, kv_tile)`` set to ``value``."""
+    q_tile, kv_tile = jnp.asarray(q_tile, jnp.int32), jnp.asarray(kv_tile, jnp.int32)
+    start = (jnp.int32(0),) * (x.ndim - 2) + (q_tile * tiling.block_q, kv_tile * tiling.block_k)
+    return lax.dynamic_update_slice(x, value, start)
+
+
+def bias_tile(x: Tiled, tiling: Tiling, q_tile, kv_tile):
+    """Tile ``(q_tile, kv_tile)`` of the bias in float32, or None without one."""
+    return None if x.bias is None else pair_tile(x.bias, tiling, q_tile, kv_tile).astype(jnp.float32)
+
+
+def scores_grad(dbias, shape, q_len: int, kv_len: int):
+    """``[batch, kv_heads, group, q_padded, kv_padded]`` per-tile gradients of the
+    scores -> ``[batch, num_heads, q_len, kv_len]`` (`_core.Backward`'s dbias); None
+    stays None."""
+    if dbias is None:
+        return None
+    b, hk, g, qp, kp = shape
+    return dbias.reshape(b, hk * g, qp, kp)[:, :, :q_len, :kv_len]
+
+
 def visible(spec: MaskSpec, x: Tiled, tiling: Tiling, q_tile, kv_tile):
     """Element-wise mask of one tile pair, ``[1|batch, 1|kv_heads, 1|group, block_q, block_k]``."""
     bq, bk = tiling.block_q, tiling.block_k
@@ -175,11 +214,7 @@ def visible(spec: MaskSpec, x: Tiled, tiling: Tiling, q_tile, kv_tile):
         q_seg = rows(x.q_segment_ids, q_tile, bq, 1)[:, None, None, :, None]
         kv_seg = rows(x.kv_segment_ids, kv_tile, bk, 1)[:, None, None, None, :]
     if spec.has_dense_mask:
-        dense = x.mask
-        if dense.shape[3] > 1:
-            dense = rows(dense, q_tile, bq, 3)
-        if dense.shape[4] > 1:
-            dense = rows(dense, kv_tile, bk, 4)
+        dense = pair_tile(x.mask, tiling, q_tile, kv_tile)
     vis = spec.visible(
         q_tile * bq + jnp.arange(bq, dtype=jnp.int32)[:, None],
         kv_tile * bk + jnp.arange(bk, dtype=jnp.int32)[None, :],

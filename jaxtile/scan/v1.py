@@ -58,7 +58,7 @@ def _forward(inputs: Inputs, config: Config):
         o_i, m_i, l_i = lt.rows(o, t, bq, 3), lt.rows(m, t, bq, 3), lt.rows(l, t, bq, 3)
         # Line 9: S_ij = Q_i K_jᵀ (as ``pre``; the scale is folded into the exponentials).
         qk = lt.scores(q_i, k_j)
-        pre = logits.pre(qk)
+        pre = logits.pre(qk, lt.bias_tile(x, tiling, t, u))
         vis = lt.visible(spec, x, tiling, t, u) if masked else None
         # Line 10: m~_ij = rowmax(S_ij), P~_ij = exp(S_ij - m~_ij), l~_ij = rowsum(P~_ij).
         p, m_ij, l_ij = sm.tile_softmax(pre, logits, vis)
@@ -96,7 +96,8 @@ def _backward(inputs: Inputs, out, stats, dout, dlse, config: Config):
     """Algorithm 4: key/value tiles outer, query tiles inner, dQ read and written back.
 
     ``stats`` is the forward's ``(m, l)``. Returns ``(dq, dk, dv)`` in the dtypes of
-    ``q, k, v``; dK and dV are summed over the query heads of each group.
+    ``q, k, v`` and the bias's float32 gradient (`_core.Backward`); dK and dV are
+    summed over the query heads of each group.
     """
     spec, logits = config.mask, config.logits
     tiling = lt.Tiling.create(config, DEFAULT_BLOCK)
@@ -113,13 +114,13 @@ def _backward(inputs: Inputs, out, stats, dout, dlse, config: Config):
     do = lt.q_heads_first(dout, kv_heads, tiling.q_padded)
 
     def q_step(masked, u, k_j, v_j, t, carry):
-        dq, dk_j, dv_j = carry
+        dq, dbias, dk_j, dv_j = carry
         # Line 10: load Q_i, O_i, dO_i, dQ_i, l_i, m_i.
         q_i, o_i, do_i = (lt.rows(a, t, bq, 3) for a in (x.q, o, do))
         m_i, inv_l_i = lt.rows(m, t, bq, 3), lt.rows(inv_l, t, bq, 3)
         # Lines 11-12: S_ij = τ Q_i K_jᵀ and its mask.
         qk = lt.scores(q_i, k_j)
-        pre = logits.pre(qk)
+        pre = logits.pre(qk, lt.bias_tile(x, tiling, t, u))
         vis = lt.visible(spec, x, tiling, t, u) if masked else None
         # Line 13: P_ij = diag(l_i)^-1 exp(S_ij - m_i).
         p = sm.probabilities(pre, m_i[..., None], logits, vis, inv_l=inv_l_i[..., None])
@@ -130,30 +131,37 @@ def _backward(inputs: Inputs, out, stats, dout, dlse, config: Config):
         # Line 19: D_i = rowsum(dO_i ∘ O_i); the lse cotangent enters the same place.
         d_i = jnp.sum(do_i.astype(jnp.float32) * o_i.astype(jnp.float32), axis=-1) - lt.rows(dlse, t, bq, 3)
         # Line 20: dS_ij = P_ij ∘ (dP_ij - D_i), with τ (and a soft cap's derivative).
-        ds = sm.score_grad(p, dp, d_i[..., None], pre, logits, vis)
+        dlogit = sm.score_grad(p, dp, d_i[..., None], pre, logits, vis, of_logit=True)
+        ds = dlogit * logits.scale
         # Line 21: dQ_i += dS_ij K_j, written back.
         dq_i = lt.rows(dq, t, bq, 3) + sm.masked_tile_dot(lt.over_keys, ds, k_j, vis)
         dq = lax.dynamic_update_slice_in_dim(dq, dq_i, t * bq, 3)
         # Line 22: dK_j += dS_ijᵀ Q_i.
         dk_j += sm.masked_tile_dot(lt.over_queries, ds, q_i, vis)
-        return dq, dk_j, dv_j
+        if dbias is not None:  # the bias's gradient, dS before the scale
+            dbias = lt.set_pair_tile(dbias, dlogit, tiling, t, u)
+        return dq, dbias, dk_j, dv_j
 
-    def kv_step(dq, u):
+    def kv_step(grads, u):
         # Lines 6-8: for each key/value tile, load K_j, V_j; initialise dK_j, dV_j.
         k_j = lt.rows(x.k, u, bk, 2)
         v_j = lt.rows(x.v, u, bk, 2)
-        carry = (dq, jnp.zeros_like(k_j, jnp.float32), jnp.zeros_like(v_j, jnp.float32))
+        carry = (*grads, jnp.zeros_like(k_j, jnp.float32), jnp.zeros_like(v_j, jnp.float32))
         # Line 9: the query tiles that can see this key tile.
         for span in spec.q_spans(u, bq, bk, lt.bounds_of(bounds, u)):
             carry = lax.fori_loop(span.start, span.stop, functools.partial(q_step, span.masked, u, k_j, v_j), carry)
         # Line 24: write dK_j, dV_j (stacked by the scan).
-        dq, dk_j, dv_j = carry
-        return dq, (dk_j, dv_j)
+        dq, dbias, dk_j, dv_j = carry
+        return (dq, dbias), (dk_j, dv_j)
 
-    # Line 5: dQ = 0.
-    dq, (dk, dv) = lax.scan(kv_step, jnp.zeros_like(x.q, jnp.float32), jnp.arange(tiling.num_kv_tiles))
+    # Line 5: dQ = 0 (and dBias = 0, set tile by tile).
+    scores = (*x.q.shape[:4], tiling.kv_padded)
+    dbias = None if x.bias is None else jnp.zeros_like(x.q, jnp.float32, shape=scores)
+    init = (jnp.zeros_like(x.q, jnp.float32), dbias)
+    (dq, dbias), (dk, dv) = lax.scan(kv_step, init, jnp.arange(tiling.num_kv_tiles))
     dq = lt.q_heads_last(dq, spec.q_len).astype(inputs.q.dtype)
-    return dq, lt.kv_heads_last(dk, spec.kv_len, inputs.k.dtype), lt.kv_heads_last(dv, spec.kv_len, inputs.v.dtype)
+    dk, dv = lt.kv_heads_last(dk, spec.kv_len, inputs.k.dtype), lt.kv_heads_last(dv, spec.kv_len, inputs.v.dtype)
+    return dq, dk, dv, lt.scores_grad(dbias, scores, spec.q_len, spec.kv_len)
 
 
 def _memory(shape: Shape, block_q: int | None, block_k: int | None, backward: bool) -> tuple[int, int]:

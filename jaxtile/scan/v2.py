@@ -40,7 +40,7 @@ def _forward(inputs: Inputs, config: Config):
         k_j = lt.rows(x.k, u, tiling.block_k, 2)
         v_j = lt.rows(x.v, u, tiling.block_k, 2)
         qk = lt.scores(q_i, k_j)
-        pre = logits.pre(qk)
+        pre = logits.pre(qk, lt.bias_tile(x, tiling, t, u))
         vis = lt.visible(spec, x, tiling, t, u) if masked else None
         p, alpha, m_i, l_i = sm.online_softmax(pre, m_i, l_i, logits, vis)
         pv = sm.masked_tile_dot(lt.over_keys, p.astype(v_j.dtype), v_j, vis)
@@ -73,8 +73,9 @@ def _forward(inputs: Inputs, config: Config):
 def _backward(inputs: Inputs, out, lse, dout, dlse, config: Config):
     """Algorithm 2: key/value tiles outer, query tiles inner, dQ accumulated in place.
 
-    Returns ``(dq, dk, dv)`` in the dtypes of ``q, k, v``; dK and dV are summed over the
-    query heads of each group inside the einsums.
+    Returns ``(dq, dk, dv)`` in the dtypes of ``q, k, v`` and the bias's float32
+    gradient (`_core.Backward`); dK and dV are summed over the query heads of each
+    group inside the einsums.
     """
     spec, logits = config.mask, config.logits
     tiling = lt.Tiling.create(config, DEFAULT_BLOCK)
@@ -89,42 +90,49 @@ def _backward(inputs: Inputs, out, lse, dout, dlse, config: Config):
     do = lt.q_heads_first(dout, kv_heads, tiling.q_padded)
 
     def q_step(masked, u, k_j, v_j, t, carry):
-        dq, dk_j, dv_j = carry
+        dq, dbias, dk_j, dv_j = carry
         # Line 9: load Q_i, dO_i, dQ_i, L_i, D_i.
         q_i = lt.rows(x.q, t, bq, 3)
         do_i = lt.rows(do, t, bq, 3)
         # Lines 10-11: recompute S_ij and P_ij = exp(S_ij - L_i).
         qk = lt.scores(q_i, k_j)
-        pre = logits.pre(qk)
+        pre = logits.pre(qk, lt.bias_tile(x, tiling, t, u))
         vis = lt.visible(spec, x, tiling, t, u) if masked else None
         p = sm.probabilities(pre, lt.rows(lse2, t, bq, 3)[..., None], logits, vis)
         # Line 12: dV_j += P_ijᵀ dO_i (summed over the group's query heads).
         dv_j += lt.over_queries(p.astype(do.dtype), do_i)
         # Lines 13-14: dP_ij = dO_i V_jᵀ, dS_ij = P_ij ∘ (dP_ij - D_i).
         dp = lt.scores(do_i, v_j)
-        ds = sm.score_grad(p, dp, lt.rows(delta, t, bq, 3)[..., None], pre, logits, vis)
+        dlogit = sm.score_grad(p, dp, lt.rows(delta, t, bq, 3)[..., None], pre, logits, vis, of_logit=True)
+        ds = dlogit * logits.scale
         # Line 15: dQ_i += dS_ij K_j, read and written back in place.
         dq_i = lt.rows(dq, t, bq, 3) + sm.masked_tile_dot(lt.over_keys, ds, k_j, vis)
         dq = lax.dynamic_update_slice_in_dim(dq, dq_i, t * bq, 3)
         # Line 16: dK_j += dS_ijᵀ Q_i.
         dk_j += sm.masked_tile_dot(lt.over_queries, ds, q_i, vis)
-        return dq, dk_j, dv_j
+        if dbias is not None:  # the bias's gradient, dS before the scale
+            dbias = lt.set_pair_tile(dbias, dlogit, tiling, t, u)
+        return dq, dbias, dk_j, dv_j
 
-    def kv_step(dq, u):
+    def kv_step(grads, u):
         # Lines 6-7: load K_j, V_j; initialise dK_j, dV_j.
         k_j = lt.rows(x.k, u, bk, 2)
         v_j = lt.rows(x.v, u, bk, 2)
-        carry = (dq, jnp.zeros_like(k_j, jnp.float32), jnp.zeros_like(v_j, jnp.float32))
+        carry = (*grads, jnp.zeros_like(k_j, jnp.float32), jnp.zeros_like(v_j, jnp.float32))
         # Line 8: the query tiles that can see this key tile.
         for span in spec.q_spans(u, bq, bk, lt.bounds_of(bounds, u)):
             carry = lax.fori_loop(span.start, span.stop, functools.partial(q_step, span.masked, u, k_j, v_j), carry)
         # Line 18: write dK_j, dV_j (stacked by the scan).
-        dq, dk_j, dv_j = carry
-        return dq, (dk_j, dv_j)
+        dq, dbias, dk_j, dv_j = carry
+        return (dq, dbias), (dk_j, dv_j)
 
-    dq, (dk, dv) = lax.scan(kv_step, jnp.zeros_like(x.q, jnp.float32), jnp.arange(tiling.num_kv_tiles))
+    scores = (*x.q.shape[:4], tiling.kv_padded)
+    dbias = None if x.bias is None else jnp.zeros_like(x.q, jnp.float32, shape=scores)
+    init = (jnp.zeros_like(x.q, jnp.float32), dbias)
+    (dq, dbias), (dk, dv) = lax.scan(kv_step, init, jnp.arange(tiling.num_kv_tiles))
     dq = lt.q_heads_last(dq, spec.q_len).astype(inputs.q.dtype)
-    return dq, lt.kv_heads_last(dk, spec.kv_len, inputs.k.dtype), lt.kv_heads_last(dv, spec.kv_len, inputs.v.dtype)
+    dk, dv = lt.kv_heads_last(dk, spec.kv_len, inputs.k.dtype), lt.kv_heads_last(dv, spec.kv_len, inputs.v.dtype)
+    return dq, dk, dv, lt.scores_grad(dbias, scores, spec.q_len, spec.kv_len)
 
 
 def _memory(shape: Shape, block_q: int | None, block_k: int | None, backward: bool) -> tuple[int, int]:

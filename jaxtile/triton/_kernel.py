@@ -28,12 +28,14 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from jaxtile import registry
 from jaxtile._core import Config, Inputs, Shape
 from jaxtile.mask import MaskSpec, cdiv
 from jaxtile.triton.tuning import KernelTuning
 
 MIN_BLOCK = 16  # the smallest tile Triton's dot accepts
 MAX_HEAD_DIM = 256  # the largest head dim whose tiles fit (`Tiles.fit`)
+FEATURES = registry.FEATURES - {"bias"}  # what the kernels support: they read no bias yet
 
 
 def next_pow2(n: int) -> int:

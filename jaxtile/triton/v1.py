@@ -238,7 +238,7 @@ def _backward_kernel(*refs, kernel: pk.Kernel):
 
 
 def _backward(inputs: Inputs, out, stats, dout, dlse, config: Config):
-    """Algorithm 4 in one kernel; returns ``(dq, dk, dv)``."""
+    """Algorithm 4 in one kernel; returns ``(dq, dk, dv, None)`` (no bias: `_core.Backward`)."""
     _, backward = _tuning(inputs, config)
     kernel = pk.Kernel.create(inputs, config, backward, _BACKWARD)
     dims = kernel.dims
@@ -266,7 +266,7 @@ def _backward(inputs: Inputs, out, stats, dout, dlse, config: Config):
         ],
         name="jaxtile_fa1_backward",
     )
-    return dq.astype(inputs.q.dtype), dk, dv
+    return dq.astype(inputs.q.dtype), dk, dv, None
 
 
 IMPLEMENTATION = registry.register(
@@ -280,6 +280,7 @@ IMPLEMENTATION = registry.register(
         memory=lambda shape, block_q, block_k, backward: pk.memory(shape, fa1=True, backward=backward),
         platforms=frozenset({"gpu"}),
         interprets=frozenset({"cpu"}),
+        features=pk.FEATURES,
         max_head_dim=pk.MAX_HEAD_DIM,
         power_of_two_blocks=True,
         lse_backward=False,

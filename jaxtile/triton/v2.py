@@ -330,7 +330,8 @@ def _dq_kernel(*refs, kernel: pk.Kernel):
 
 
 def _backward(inputs: Inputs, out, lse, dout, dlse, config: Config):
-    """Algorithm 2 as a dK/dV kernel and a dQ kernel; returns ``(dq, dk, dv)``."""
+    """Algorithm 2 as a dK/dV kernel and a dQ kernel; returns ``(dq, dk, dv, None)`` (no
+    bias: `_core.Backward`)."""
     tuning = _tuning(inputs, config)
     spec = config.mask
     # Line 4: D_i = rowsum(dO_i ∘ O_i), minus the lse cotangent; lse in base 2. The dK/dV
@@ -391,7 +392,7 @@ def _backward(inputs: Inputs, out, lse, dout, dlse, config: Config):
         outputs=[jax.ShapeDtypeStruct(inputs.q.shape, inputs.q.dtype)],
         name="jaxtile_fa2_dq",
     )
-    return dq, dk, dv
+    return dq, dk, dv, None
 
 
 IMPLEMENTATION = registry.register(
@@ -406,6 +407,7 @@ IMPLEMENTATION = registry.register(
         paged_forward=_paged_forward,
         platforms=frozenset({"gpu"}),
         interprets=frozenset({"cpu"}),
+        features=pk.FEATURES,
         max_head_dim=pk.MAX_HEAD_DIM,
         power_of_two_blocks=True,
         lse_backward=True,
