@@ -46,8 +46,10 @@ MODES = ("fwd", "fwdbwd")
 class Shape:
     """One case: q ``[batch, seq, heads, head_dim]``, k and v with ``kv_heads``;
     ``documents`` packs that many equal documents into each sequence (segment ids).
+    ``sinks`` adds learnable attention sinks (one logit per query head).
     ``peer`` is what the ratio is taken against: ``"cudnn"``, ``"tokamax"`` (where
-    cuDNN cannot express the case), or ``"separate"`` (the documents as a batch)."""
+    cuDNN cannot express the case), ``"separate"`` (the documents as a batch), or
+    ``"no_sinks"`` (the same call without its sinks: what they cost)."""
 
     name: str
     batch: int
@@ -58,6 +60,7 @@ class Shape:
     causal: bool = False
     window: tuple[int, int] | None = None
     documents: int = 0
+    sinks: bool = False
     peer: str = "cudnn"
 
     @property
@@ -95,6 +98,7 @@ SHAPES = (
     Shape("window_256_256_16k", 1, 16384, 16, 128, window=(256, 256), peer="tokamax"),
     Shape("documents_8x2k_causal_16k", 1, 16384, 16, 128, causal=True, documents=8, peer="separate"),
     Shape("d256_causal_8k", 2, 8192, 8, 256, causal=True),
+    Shape("sinks_gqa_64_8_causal_8k", 2, 8192, 64, 64, kv_heads=8, causal=True, sinks=True, peer="no_sinks"),
 )
 
 
@@ -106,6 +110,8 @@ def _segment_ids(shape: Shape):
 
 def _jaxtile(shape: Shape):
     options = dict(causal=shape.causal, window=shape.window)
+    if shape.sinks:
+        options["sinks"] = jnp.linspace(-1.0, 1.0, shape.heads, dtype=jnp.float32)
     if shape.documents:
         ids = _segment_ids(shape)
         return lambda q, k, v: jaxtile.flash_attention(q, k, v, segment_ids=ids, **options)
@@ -127,8 +133,8 @@ def _separate_documents(shape: Shape):
 
 
 def _cudnn(shape: Shape):
-    """cuDNN through ``jax.nn`` (not for packed documents, which it cannot express)."""
-    if shape.documents:
+    """cuDNN through ``jax.nn`` (not for packed documents or sinks, which it cannot express)."""
+    if shape.documents or shape.sinks:
         return None
 
     def attend(q, k, v):
@@ -159,7 +165,7 @@ def load_tokamax():
 def _tokamax(shape: Shape):
     """tokamax's Mosaic GPU kernel (JAX's recommended GPU attention), if importable."""
     tokamax = load_tokamax()
-    if tokamax is None:
+    if tokamax is None or shape.sinks:  # it has no sinks
         return None
     mask = None
     if shape.documents:
@@ -215,6 +221,8 @@ def run(shapes, modes, budget_s: float, floors: dict) -> list[dict]:
         peers = {"cudnn": _cudnn(shape), "tokamax": _tokamax(shape)}
         if shape.documents:
             peers["separate"] = _separate_documents(shape)
+        if shape.sinks:
+            peers["no_sinks"] = _jaxtile(dataclasses.replace(shape, sinks=False))
         peers = {name: attend for name, attend in peers.items() if attend is not None}
         for mode in modes:
             row = dict(case=shape.name, mode=mode, shape=dataclasses.asdict(shape), flops=shape.flops(mode))
