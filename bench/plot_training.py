@@ -40,7 +40,7 @@ def plot(result: dict, out: str | Path) -> None:
     device = runs[0]["device_kind"] if runs else "?"
     model = "plain (no sinks or documents)" if s["plain"] else "sinks, packed documents"
     ax.set_title(
-        f"{device}, jax {result['jax_version']}, commit {result['git_commit']}\n"
+        f"{device}, jax {result['jax_version']}, commit {result['git']['commit'][:7]}\n"
         f"{s['layers']} layers, d_model {s['d_model']}, batch {s['batch']} x seq {s['seq_len']}, {s['dtype']}; {model}",
         fontsize=9,
     )

@@ -60,6 +60,7 @@ import optax
 from flax import nnx
 
 import jaxtile
+from bench.probe import git_state
 from jaxtile.nn import rotary
 
 WARMUP_STEPS = 2  # steps left out of the timing
@@ -273,21 +274,6 @@ def optimizer(s: Settings) -> optax.GradientTransformation:
     return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, b2=0.95, weight_decay=s.weight_decay))
 
 
-def git_commit() -> str:
-    """``git rev-parse --short HEAD`` of this checkout, or "unknown"."""
-    try:
-        result = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=Path(__file__).parent,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-    except OSError:
-        return "unknown"
-    return result.stdout.strip() if result.returncode == 0 else "unknown"
-
-
 def train(s: Settings, backend: str, log_every: int = 0) -> dict:
     """Trains ``s`` with one attention backend in this process; returns the run's record."""
     attention = BACKENDS[backend]
@@ -381,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
         if backend == "jax.nn-cudnn" and not s.plain:
             parser.error("jax.nn-cudnn expresses neither sinks nor packed documents: add --plain")
-    result = {"settings": dataclasses.asdict(s), "jax_version": jax.__version__, "git_commit": git_commit(), "runs": {}}
+    result = {"settings": dataclasses.asdict(s), "jax_version": jax.__version__, "git": git_state(), "runs": {}}
 
     if args.only:
         result["runs"][args.only] = train(s, args.only, args.log_every)
