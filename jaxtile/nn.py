@@ -59,15 +59,15 @@ def attention_fn(
     options, through ``functools.partial(attention_fn, local_window_size=...,
     segment_ids=..., logits_soft_cap=..., sinks=..., implementation=..., block_q=...,
     block_k=...)`` (as `jaxtile.dot_product_attention` takes them).
+    ``bias`` (added to the scaled scores, as Flax adds it) is read tile by tile, by the
+    implementations that take one (`jaxtile.flash_attention`'s ``bias``).
     ``precision`` is ignored: jaxtile always accumulates in float32. A query that sees
     no key gets output 0 (Flax's default gives it the mean of all values).
 
     Raises:
-      NotImplementedError: for an additive ``bias``, active dropout, or ``module`` (Flax's
-        ``sow_weights``): jaxtile never forms the attention weights.
+      NotImplementedError: for active dropout, or ``module`` (Flax's ``sow_weights``):
+        jaxtile never forms the attention weights.
     """
-    if bias is not None:
-        raise NotImplementedError("attention_fn: an additive attention bias is not supported; pass a boolean mask")
     if dropout_rate > 0.0 and not deterministic:
         raise NotImplementedError(f"attention_fn: attention dropout is not supported ({dropout_rate=})")
     if module is not None:
@@ -77,6 +77,7 @@ def attention_fn(
         query,
         key,
         value,
+        bias=bias,
         mask=None if mask is None else mask.astype(jnp.bool_),
         is_causal=is_causal,
         local_window_size=local_window_size,

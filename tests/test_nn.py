@@ -161,16 +161,31 @@ def test_attention_fn_top_left_causal_for_cross_attention():
 @pytest.mark.parametrize(
     "kwargs,text",
     [
-        (dict(bias=jnp.zeros((4, 8, 8))), "bias"),
         (dict(dropout_rate=0.1, dropout_rng=jax.random.key(0)), "dropout_rate=0.1"),
         (dict(module=object()), "sow_weights"),
     ],
-    ids=["bias", "dropout", "sow_weights"],
+    ids=["dropout", "sow_weights"],
 )
 def test_attention_fn_refuses_what_it_cannot_map(kwargs, text):
     q = jnp.ones((8, 4, 16), jnp.float32)
     with pytest.raises(NotImplementedError, match=text):
         nn.attention_fn(q, q, q, **kwargs)
+
+
+def test_attention_fn_takes_flax_s_bias():
+    rng = np.random.default_rng(6)
+    q, k, v = (jnp.asarray(rng.standard_normal((2, 12, 4, 16)), jnp.float32) for _ in range(3))
+    bias = jnp.asarray(rng.standard_normal((1, 4, 12, 12)), jnp.float32)
+    mask = jnp.asarray(rng.random((2, 1, 12, 12)) < 0.8)
+
+    def loss(attention, q, bias):
+        return jnp.sum(jnp.sin(attention(q, k, v, bias=bias, mask=mask)))
+
+    got = jax.value_and_grad(functools.partial(loss, nn.attention_fn), argnums=(0, 1))(q, bias)
+    expected = jax.value_and_grad(functools.partial(loss, nnx.dot_product_attention), argnums=(0, 1))(q, bias)
+    for name, x, ref in zip(("loss", "dq", "dbias"), jax.tree.leaves(got), jax.tree.leaves(expected)):
+        error = compare(np.asarray(x), np.asarray(ref, np.float64), TOL)
+        assert error.ok, f"{name}: {error}"
 
 
 def test_attention_fn_allows_deterministic_dropout():
