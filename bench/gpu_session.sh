@@ -7,7 +7,7 @@
 #   bash bench/gpu_session.sh decode OUT [ARGS...] # python -m bench.decode: decode vs the copy bandwidth and cuDNN
 #   bash bench/gpu_session.sh ab OUT A B [ARGS...] # python -m bench.ab: two versions (directories), each in its own process
 #   bash bench/gpu_session.sh tune OUT [ARGS...]   # python -m bench.tune: launch parameters of the kernels
-#   bash bench/gpu_session.sh parity OUT [IMPL...] # parity --full, one process per implementation
+#   bash bench/gpu_session.sh parity OUT [IMPL...] # parity --full, one process per implementation (and shard)
 #   bash bench/gpu_session.sh bench OUT            # the matmul ceiling and the benchmark preset
 #   bash bench/gpu_session.sh ring OUT             # ring attention on 2 GPUs, then stress and soak
 #
@@ -62,10 +62,16 @@ parity)
     # One process per implementation (compilation, not the GPU, bounds the sweep; more
     # processes than this only contend for the CPU), merged at the end. Every part's JSON
     # is rewritten after each case, so a part cut short by the time box keeps its rows.
+    # SHARDS=N splits each implementation's cases over N processes.
     parts=$(mktemp -d)
+    shards=${SHARDS:-1}
     for impl in "${@:-pallas_v2}"; do
-        XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 500 python -m parity --full --impl "$impl" \
-            --no-second-opinions --json "$parts/$impl.json" >"$out/parity_full_$impl.log" 2>&1 &
+        for shard in $(seq "$shards"); do
+            part="${impl//[:.]/_}_$shard"
+            XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 500 python -m parity --full --impl "$impl" \
+                --shard "$shard/$shards" --no-second-opinions --json "$parts/$part.json" \
+                >"$out/parity_full_$part.log" 2>&1 &
+        done
     done
     wait
     tail -qn 1 "$out"/parity_full_*.log

@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from jaxtile import registry
 from parity.cases import CASE_SETS, select
+from parity.entries import ENTRIES
 from parity.report import Report, Table, environment
 from parity.run import Result, implementation_name, resolve_implementation
 from parity.second_opinions import SECOND_OPINIONS
@@ -41,7 +42,8 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         metavar="NAME",
         help="implementation to test, repeatable: a jaxtile name, or module:function with flash_attention's "
-        "signature; default: every jaxtile implementation that is available",
+        "signature; default: every jaxtile implementation that is available and jaxtile's other entry points "
+        "(parity.entries)",
     )
     case_set = parser.add_mutually_exclusive_group()
     case_set.add_argument("--quick", dest="case_set", action="store_const", const="quick", help="small cases (default)")
@@ -76,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
-        implementations = [resolve_implementation(s) for s in args.impl] if args.impl else registry.names()
+        implementations = [resolve_implementation(s) for s in args.impl] if args.impl else [*registry.names(), *ENTRIES]
     except (ValueError, ImportError, AttributeError) as error:
         parser.error(f"--impl: {error}")
     index, count = args.shard

@@ -361,6 +361,19 @@ FULL = _checked(
         dtype=BF16,
     ),
     Case("api_segments_cross", num_heads=4, q_len=300, kv_len=700, head_dim=64, segments=3),
+    # A bias with packed documents and a bottom-right causal mask, where both second
+    # opinions take all three (SDPA through one float attn_mask).
+    Case(
+        "api_bias_shared_segments_gqa_causal_bf16",
+        batch=(2,),
+        num_heads=8,
+        num_kv_heads=2,
+        q_len=200,
+        segments=3,
+        causal=True,
+        bias="shared",
+        dtype=BF16,
+    ),
     *(
         Case(
             f"api_soft_cap_causal_{dtype}",

@@ -8,14 +8,17 @@ made exactly jaxtile's, and names the reason where they cannot:
 * ``torch.sdpa`` (``torch.nn.functional.scaled_dot_product_attention``, layout
   ``[B, H, T, D]``): ``is_causal`` is top-left aligned, so it is used only for
   ``q_len == kv_len``, and ``torch.nn.attention.bias.causal_lower_right`` (jaxtile's
-  bottom-right alignment) otherwise; neither can be combined with ``attn_mask``. The
-  boolean ``attn_mask`` is True = attend, like jaxtile's; segment ids become one. GQA
-  through ``enable_gqa``. No windows, no soft cap.
+  bottom-right alignment) otherwise. Neither combines with ``attn_mask``, so a causal
+  case with a mask, segments or a bias passes its causal mask as a lower triangle of the
+  ``attn_mask`` instead (``numpy.tri`` with offset ``kv_len - q_len``). The boolean
+  ``attn_mask`` is True = attend, like jaxtile's; segment ids become one; a bias becomes
+  a float ``attn_mask``, ``-inf`` where the boolean one is False. GQA through
+  ``enable_gqa``. No windows, no soft cap.
 * ``jax.nn.dpa`` (``jax.nn.dot_product_attention(implementation="xla")``, jaxtile's
   layout): its causal mask and ``local_window_size`` are top-left aligned, i.e. query
   ``i`` sits at position ``i``. jaxtile puts it at ``i + d`` (``d = kv_len - q_len``), so a
   window ``(left, right)`` is passed as ``(left - d, right + d)``, which needs both sides
-  non-negative. ``mask`` is True = attend; GQA is native; the lse comes from
+  non-negative. ``mask`` is True = attend; ``bias`` is its own; GQA is native; the lse comes from
   ``return_residual``. Value and key head dims must be equal. No soft cap; no float16
   on CPU. Float32 runs at ``"highest"`` matmul precision (no TF32).
 
@@ -36,6 +39,7 @@ import torch
 from torch.nn.attention.bias import causal_lower_right
 
 from parity.case import Case
+from parity.entries import jax_nn_masking
 from parity.run import Problem
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -61,16 +65,15 @@ def _unsupported_by_both(problem: Problem) -> str | None:
         return "no per-sequence lengths with jaxtile's alignment"
     if case.sinks:
         return "no attention sinks"
-    if case.bias is not None:
-        return "the bias is not passed to it"
     if problem.has_empty_rows:
         return "a fully masked row is not 0 there"
     return None
 
 
 def _flat(problem: Problem) -> dict[str, np.ndarray | None]:
-    """q, k, v, dout with the batch dims flattened into one ``B``, and the case's mask and
-    segment ids as one boolean mask ``[B, H|1, T|1, S]`` (True = attend), or None."""
+    """q, k, v, dout with the batch dims flattened into one ``B``, the case's mask and
+    segment ids as one boolean mask ``[B, H|1, T|1, S]`` (True = attend), and its bias as
+    ``[B|1, H|1, T, S]``; each None where the case has none."""
     case, arrays = problem.case, problem.arrays
     batch = math.prod(case.batch)
     flat = {name: arrays[name].reshape(batch, *arrays[name].shape[-3:]) for name in ("q", "k", "v", "dout")}
@@ -83,6 +86,10 @@ def _flat(problem: Problem) -> dict[str, np.ndarray | None]:
         same = q_ids == kv_ids
         mask = same if mask is None else mask & same
     flat["mask"] = mask
+    bias = arrays["bias"]
+    if bias is not None:
+        bias = bias[None, None] if bias.ndim == 2 else bias.reshape(batch, *bias.shape[-3:])
+    flat["bias"] = bias
     return flat
 
 
@@ -97,59 +104,65 @@ def _torch_unsupported(problem: Problem) -> str | None:
         return reason
     if case.window is not None:
         return "no sliding window"
-    if case.causal and (case.mask is not None or case.segments):
-        return "causal masking cannot be combined with attn_mask"
-    if case.causal and case.q_len != case.kv and case.kv_heads != case.num_heads:
+    if case.causal and case.q_len != case.kv and case.kv_heads != case.num_heads and _torch_mask(problem) is None:
         return "causal_lower_right does not pass enable_gqa to every backend"
     return None
+
+
+def _torch_mask(problem: Problem) -> np.ndarray | None:
+    """The case's ``attn_mask``, ``[B|1, H|1, T|1, S]``: boolean (True = attend), float with
+    a bias (``-inf`` where not attended), or None where ``is_causal`` or
+    ``causal_lower_right`` alone express the masking."""
+    case, flat = problem.case, _flat(problem)
+    allowed, bias = flat["mask"], flat["bias"]
+    if allowed is None and bias is None:
+        return None
+    if case.causal:
+        below = np.tri(case.q_len, case.kv, case.kv - case.q_len, dtype=bool)  # bottom-right aligned
+        allowed = below if allowed is None else allowed & below
+    if bias is None:
+        return allowed
+    return bias if allowed is None else np.where(allowed, bias, -np.inf).astype(bias.dtype)
 
 
 def _torch_run(problem: Problem, device: str) -> dict[str, np.ndarray]:
     case, flat = problem.case, _flat(problem)
     dtype = TORCH_DTYPES[case.dtype]
 
-    def tensor(name, grad=False):  # [B, len, heads, dim], exactly the case's values
-        return torch.tensor(flat[name].astype(np.float32), device=device).to(dtype).requires_grad_(grad)
+    def tensor(x, grad=False):  # exactly the case's values
+        return torch.tensor(np.asarray(x, np.float32), device=device).to(dtype).requires_grad_(grad)
 
-    q, k, v = tensor("q", True), tensor("k", True), tensor("v", True)
-    if not case.causal:
-        attn_mask = None if flat["mask"] is None else torch.tensor(flat["mask"], device=device)
-    elif case.q_len == case.kv:
-        attn_mask = None
+    q, k, v = (tensor(flat[name], True) for name in ("q", "k", "v"))  # [B, len, heads, dim]
+    mask = _torch_mask(problem)
+    if mask is None:
+        attn_mask = None if case.q_len == case.kv or not case.causal else causal_lower_right(case.q_len, case.kv)
+    elif mask.dtype == bool:
+        attn_mask = torch.tensor(mask, device=device)
     else:
-        attn_mask = causal_lower_right(case.q_len, case.kv)
+        attn_mask = tensor(mask, True)
     out = torch.nn.functional.scaled_dot_product_attention(
         q.transpose(1, 2),
         k.transpose(1, 2),
         v.transpose(1, 2),
         attn_mask=attn_mask,
-        is_causal=case.causal and case.q_len == case.kv,
+        is_causal=case.causal and case.q_len == case.kv and mask is None,
         scale=case.scale,
         enable_gqa=case.kv_heads != case.num_heads,
     ).transpose(1, 2)
-    out.backward(tensor("dout"))
+    out.backward(tensor(flat["dout"]))
     values = {"out": out, "dq": q.grad, "dk": k.grad, "dv": v.grad}
-    return _unflat(case, {name: x.detach().to(torch.float64).cpu().numpy() for name, x in values.items()})
+    values = _unflat(case, {name: x.detach().to(torch.float64).cpu().numpy() for name, x in values.items()})
+    if flat["bias"] is not None:  # the float mask's gradient is the bias's where it attends, else 0
+        dmask = attn_mask.grad.to(torch.float64).cpu().numpy()
+        values["dbias"] = _bias_shaped(problem, dmask)
+    return values
 
 
-def _jax_masking(case: Case) -> tuple[bool, tuple[int, int] | None] | None:
-    """``(is_causal, local_window_size)`` for the case's causal and window masking, or
-    None when a side of the window would be negative (see the module docstring)."""
-    offset = case.kv - case.q_len
-    is_causal = case.causal and offset == 0
-    if case.window is None:
-        left, right = None, None
-    elif isinstance(case.window, int):
-        left, right = case.window, case.window
-    else:
-        left, right = case.window
-    if case.causal and not is_causal:
-        right = 0 if right is None else min(right, 0)
-    if left is None and right is None:
-        return is_causal, None
-    unbounded = case.q_len + case.kv
-    window = (unbounded if left is None else left - offset, unbounded if right is None else right + offset)
-    return (is_causal, window) if min(window) >= 0 else None
+def _bias_shaped(problem: Problem, dbias: np.ndarray) -> np.ndarray:
+    """``dbias`` (``[B|1, H|1, T, S]`` or broadcast wider) summed to the case's bias shape."""
+    flat_shape = _flat(problem)["bias"].shape
+    wide = tuple(i for i, (n, m) in enumerate(zip(flat_shape, dbias.shape)) if n == 1 and m > 1)
+    return dbias.sum(wide, keepdims=True).reshape(problem.arrays["bias"].shape)
 
 
 def _jax_unsupported(problem: Problem) -> str | None:
@@ -160,7 +173,7 @@ def _jax_unsupported(problem: Problem) -> str | None:
         return "value and key head dims must be equal"
     if case.dtype == "float16" and jax.default_backend() == "cpu":
         return "its float16 dot algorithm (F16_F16_F32) does not compile on CPU"
-    if _jax_masking(case) is None:
+    if jax_nn_masking(case.causal, case.window, case.q_len, case.kv) is None:
         return "bottom-right window is not a top-left local_window_size"
     return None
 
@@ -168,13 +181,14 @@ def _jax_unsupported(problem: Problem) -> str | None:
 def _jax_run(problem: Problem, device: str) -> dict[str, np.ndarray]:
     del device  # JAX runs where jaxtile does
     case, flat = problem.case, _flat(problem)
-    is_causal, window = _jax_masking(case)
+    is_causal, window = jax_nn_masking(case.causal, case.window, case.q_len, case.kv)
 
-    def attend(q, k, v, mask):
+    def attend(q, k, v, mask, bias):
         return jax.nn.dot_product_attention(
             q,
             k,
             v,
+            bias=bias,
             mask=mask,
             scale=case.scale,
             is_causal=is_causal,
@@ -184,16 +198,19 @@ def _jax_run(problem: Problem, device: str) -> dict[str, np.ndarray]:
         )
 
     @jax.jit
-    def run(q, k, v, dout, mask):
-        (out, lse), vjp = jax.vjp(lambda q, k, v: attend(q, k, v, mask), q, k, v)
+    def run(q, k, v, bias, dout, mask):
+        (out, lse), vjp = jax.vjp(lambda q, k, v, bias: attend(q, k, v, mask, bias), q, k, v, bias)
         return (out, jnp.swapaxes(lse, 1, 2), *vjp((dout, jnp.zeros_like(lse))))
 
     q, k, v, dout = (jnp.asarray(flat[name]) for name in ("q", "k", "v", "dout"))
-    mask = None if flat["mask"] is None else jnp.asarray(flat["mask"])
+    mask, bias = (None if flat[name] is None else jnp.asarray(flat[name]) for name in ("mask", "bias"))
     with jax.default_matmul_precision("highest"):
-        values = jax.block_until_ready(run(q, k, v, dout, mask))
-    names = ("out", "lse", "dq", "dk", "dv")
-    return _unflat(case, {name: np.asarray(x.astype(jnp.float32), np.float64) for name, x in zip(names, values)})
+        values = jax.block_until_ready(run(q, k, v, bias, dout, mask))
+    out, lse, dq, dk, dv, dbias = (None if x is None else np.asarray(x.astype(jnp.float32), np.float64) for x in values)
+    values = _unflat(case, {"out": out, "lse": lse, "dq": dq, "dk": dk, "dv": dv})
+    if dbias is not None:
+        values["dbias"] = _bias_shaped(problem, dbias)
+    return values
 
 
 TORCH_SDPA = SecondOpinion("torch.sdpa", _torch_unsupported, _torch_run)

@@ -16,9 +16,11 @@ import pytest
 
 import jaxtile
 from parity.__main__ import main
+from parity.case import make_inputs
 from parity.cases import QUICK
+from parity.entries import ENTRIES
 from parity.merge import main as merge_main
-from parity.run import Problem
+from parity.run import Problem, jaxtile_function
 from parity.second_opinions import SECOND_OPINIONS
 from parity.suite import run_suite
 
@@ -33,6 +35,31 @@ def test_quick_set(impl, case):
     if result.unsupported:  # what the record declares it cannot run (as `conftest` does)
         pytest.skip(f"unsupported: {result.raised}")
     assert result.ok, result.describe()
+
+
+@pytest.mark.parametrize("case", QUICK, ids=lambda c: c.name)
+@pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e.__name__)
+def test_quick_set_through_the_entries(entry, case):
+    """jaxtile's other entry points (jax.nn's semantics), where they can express the case."""
+    report = run_suite([case], [entry], second_opinions=False)
+    (result,) = report.results
+    if result.unsupported:
+        pytest.skip(f"unsupported: {result.raised}")
+    assert result.ok, result.describe()
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e.__name__)
+def test_entries_express_most_of_the_quick_set(entry):
+    """A skipped entry checks nothing: each must express most quick cases."""
+    expressed = []
+    for case in QUICK:
+        try:
+            run, args = jaxtile_function(case, make_inputs(case), entry)
+            jax.eval_shape(run, *args)
+        except NotImplementedError:
+            continue
+        expressed.append(case.name)
+    assert len(expressed) >= len(QUICK) * 3 // 4, f"{entry.__name__} runs only on {expressed}"
 
 
 @pytest.mark.parametrize("case", QUICK, ids=lambda c: c.name)
