@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 import jaxtile
+from jaxtile.mask import MaskSpec
 
 
 def jax_nn_masking(
@@ -25,20 +26,13 @@ def jax_nn_masking(
 ) -> tuple[bool, tuple[int, int] | None] | None:
     """jax.nn's ``(is_causal, local_window_size)`` for flash_attention's bottom-right
     ``causal`` and ``window``, or None where a side of the window would be negative."""
-    offset = kv_len - q_len
-    is_causal = causal and offset == 0
-    if window is None:
-        left, right = None, None
-    elif isinstance(window, int):
-        left, right = window, window
-    else:
-        left, right = window
-    if causal and not is_causal:
-        right = 0 if right is None else min(right, 0)
+    spec = MaskSpec.create(q_len, kv_len, causal=causal, window=window)
+    is_causal = causal and spec.offset == 0
+    left, right = spec.left, None if is_causal else spec.right
     if left is None and right is None:
         return is_causal, None
     unbounded = q_len + kv_len
-    top_left = (unbounded if left is None else left - offset, unbounded if right is None else right + offset)
+    top_left = (unbounded if left is None else left - spec.offset, unbounded if right is None else right + spec.offset)
     return (is_causal, top_left) if min(top_left) >= 0 else None
 
 

@@ -104,16 +104,16 @@ def _torch_unsupported(problem: Problem) -> str | None:
         return reason
     if case.window is not None:
         return "no sliding window"
-    if case.causal and case.q_len != case.kv and case.kv_heads != case.num_heads and _torch_mask(problem) is None:
+    has_attn_mask = case.mask is not None or case.segments or case.bias is not None
+    if case.causal and case.q_len != case.kv and case.kv_heads != case.num_heads and not has_attn_mask:
         return "causal_lower_right does not pass enable_gqa to every backend"
     return None
 
 
-def _torch_mask(problem: Problem) -> np.ndarray | None:
-    """The case's ``attn_mask``, ``[B|1, H|1, T|1, S]``: boolean (True = attend), float with
-    a bias (``-inf`` where not attended), or None where ``is_causal`` or
-    ``causal_lower_right`` alone express the masking."""
-    case, flat = problem.case, _flat(problem)
+def _torch_mask(case: Case, flat: dict[str, np.ndarray | None]) -> np.ndarray | None:
+    """The case's ``attn_mask``, ``[B|1, H|1, T|1, S]``, from its `_flat` arrays: boolean
+    (True = attend), float with a bias (``-inf`` where not attended), or None where
+    ``is_causal`` or ``causal_lower_right`` alone express the masking."""
     allowed, bias = flat["mask"], flat["bias"]
     if allowed is None and bias is None:
         return None
@@ -133,7 +133,7 @@ def _torch_run(problem: Problem, device: str) -> dict[str, np.ndarray]:
         return torch.tensor(np.asarray(x, np.float32), device=device).to(dtype).requires_grad_(grad)
 
     q, k, v = (tensor(flat[name], True) for name in ("q", "k", "v"))  # [B, len, heads, dim]
-    mask = _torch_mask(problem)
+    mask = _torch_mask(case, flat)
     if mask is None:
         attn_mask = None if case.q_len == case.kv or not case.causal else causal_lower_right(case.q_len, case.kv)
     elif mask.dtype == bool:
@@ -154,13 +154,13 @@ def _torch_run(problem: Problem, device: str) -> dict[str, np.ndarray]:
     values = _unflat(case, {name: x.detach().to(torch.float64).cpu().numpy() for name, x in values.items()})
     if flat["bias"] is not None:  # the float mask's gradient is the bias's where it attends, else 0
         dmask = attn_mask.grad.to(torch.float64).cpu().numpy()
-        values["dbias"] = _bias_shaped(problem, dmask)
+        values["dbias"] = _bias_shaped(problem, flat["bias"].shape, dmask)
     return values
 
 
-def _bias_shaped(problem: Problem, dbias: np.ndarray) -> np.ndarray:
-    """``dbias`` (``[B|1, H|1, T, S]`` or broadcast wider) summed to the case's bias shape."""
-    flat_shape = _flat(problem)["bias"].shape
+def _bias_shaped(problem: Problem, flat_shape: tuple[int, ...], dbias: np.ndarray) -> np.ndarray:
+    """``dbias`` (the flat bias's shape ``[B|1, H|1, T, S]``, or broadcast wider) summed to
+    the case's bias shape."""
     wide = tuple(i for i, (n, m) in enumerate(zip(flat_shape, dbias.shape)) if n == 1 and m > 1)
     return dbias.sum(wide, keepdims=True).reshape(problem.arrays["bias"].shape)
 
@@ -209,7 +209,7 @@ def _jax_run(problem: Problem, device: str) -> dict[str, np.ndarray]:
     out, lse, dq, dk, dv, dbias = (None if x is None else np.asarray(x.astype(jnp.float32), np.float64) for x in values)
     values = _unflat(case, {"out": out, "lse": lse, "dq": dq, "dk": dk, "dv": dv})
     if dbias is not None:
-        values["dbias"] = _bias_shaped(problem, dbias)
+        values["dbias"] = _bias_shaped(problem, flat["bias"].shape, dbias)
     return values
 
 

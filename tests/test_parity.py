@@ -30,9 +30,13 @@ QUICK_BY_NAME = {case.name: case for case in QUICK}
 
 @pytest.mark.parametrize("case", QUICK, ids=lambda c: c.name)
 def test_quick_set(impl, case):
-    report = run_suite([case], [impl.name], second_opinions=False)
+    _check_quick_case(impl.name, case)
+
+
+def _check_quick_case(implementation, case):
+    report = run_suite([case], [implementation], second_opinions=False)
     (result,) = report.results
-    if result.unsupported:  # what the record declares it cannot run (as `conftest` does)
+    if result.unsupported:  # what the implementation declares it cannot run (as `conftest` does)
         pytest.skip(f"unsupported: {result.raised}")
     assert result.ok, result.describe()
 
@@ -41,11 +45,7 @@ def test_quick_set(impl, case):
 @pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e.__name__)
 def test_quick_set_through_the_entries(entry, case):
     """jaxtile's other entry points (jax.nn's semantics), where they can express the case."""
-    report = run_suite([case], [entry], second_opinions=False)
-    (result,) = report.results
-    if result.unsupported:
-        pytest.skip(f"unsupported: {result.raised}")
-    assert result.ok, result.describe()
+    _check_quick_case(entry, case)
 
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e.__name__)
