@@ -2,9 +2,10 @@
 
 ``python -m bench.check`` times jaxtile's default implementation and a peer on a fixed set
 of shapes — the standard grid's rows at 4K and 16K tokens, causal and not, head dims 64
-and 128; GQA, MQA, sliding windows, packed documents, head dim 256 — forward and
-forward+backward, in this one process on this one GPU, and prints the ratio
-``peer time / jaxtile time`` beside the floor committed in ``bench/floors.json``. It
+and 128; GQA, MQA, sliding windows, packed documents, head dim 256, sinks, a learned
+bias, a causal mask passed as a dense array — forward and forward+backward, in this one
+process on this one GPU, and prints the ratio ``peer time / jaxtile time`` beside the
+floor committed in ``bench/floors.json``. It
 exits with status 1 if any ratio is below its floor, so that a slower kernel cannot land
 unnoticed. The peer is cuDNN (``jax.nn.dot_product_attention(implementation="cudnn")``)
 where it expresses the case; packed documents are held to the same documents run as
@@ -46,7 +47,10 @@ MODES = ("fwd", "fwdbwd")
 class Shape:
     """One case: q ``[batch, seq, heads, head_dim]``, k and v with ``kv_heads``;
     ``documents`` packs that many equal documents into each sequence (segment ids).
-    ``sinks`` adds learnable attention sinks (one logit per query head).
+    ``sinks`` adds learnable attention sinks (one logit per query head); ``bias`` a
+    per-head bias ``[1, heads, seq, seq]``, differentiated with q, k and v; with
+    ``dense_mask`` jaxtile gets the causal mask as a dense ``[seq, seq]`` array (as
+    Flax builds it) while the peers get ``is_causal``.
     ``peer`` is what the ratio is taken against: ``"cudnn"``, ``"tokamax"`` (where
     cuDNN cannot express the case), ``"separate"`` (the documents as a batch), or
     ``"no_sinks"`` (the same call without its sinks: what they cost)."""
@@ -61,6 +65,8 @@ class Shape:
     window: tuple[int, int] | None = None
     documents: int = 0
     sinks: bool = False
+    bias: bool = False
+    dense_mask: bool = False
     peer: str = "cudnn"
 
     @property
@@ -99,6 +105,8 @@ SHAPES = (
     Shape("documents_8x2k_causal_16k", 1, 16384, 16, 128, causal=True, documents=8, peer="separate"),
     Shape("d256_causal_8k", 2, 8192, 8, 256, causal=True),
     Shape("sinks_gqa_64_8_causal_8k", 2, 8192, 64, 64, kv_heads=8, causal=True, sinks=True, peer="no_sinks"),
+    Shape("bias_d128_causal_8k", 1, 8192, 16, 128, causal=True, bias=True),
+    Shape("d64_4k_dense_causal", 4, 4096, 32, 64, causal=True, dense_mask=True),
 )
 
 
@@ -109,13 +117,15 @@ def _segment_ids(shape: Shape):
 
 
 def _jaxtile(shape: Shape):
+    """jaxtile's default implementation, as ``attend(q, k, v[, bias])``."""
     options = dict(causal=shape.causal, window=shape.window)
     if shape.sinks:
         options["sinks"] = jnp.linspace(-1.0, 1.0, shape.heads, dtype=jnp.float32)
     if shape.documents:
-        ids = _segment_ids(shape)
-        return lambda q, k, v: jaxtile.flash_attention(q, k, v, segment_ids=ids, **options)
-    return lambda q, k, v: jaxtile.flash_attention(q, k, v, **options)
+        options["segment_ids"] = _segment_ids(shape)
+    if shape.dense_mask:
+        options.update(causal=False, mask=jnp.tril(jnp.ones((shape.seq, shape.seq), jnp.bool_)))
+    return lambda q, k, v, bias=None: jaxtile.flash_attention(q, k, v, bias=bias, **options)
 
 
 def _separate_documents(shape: Shape):
@@ -137,9 +147,9 @@ def _cudnn(shape: Shape):
     if shape.documents or shape.sinks:
         return None
 
-    def attend(q, k, v):
+    def attend(q, k, v, bias=None):
         return jax.nn.dot_product_attention(
-            q, k, v, is_causal=shape.causal, local_window_size=shape.window, implementation="cudnn"
+            q, k, v, bias, is_causal=shape.causal, local_window_size=shape.window, implementation="cudnn"
         )
 
     return attend
@@ -172,19 +182,23 @@ def _tokamax(shape: Shape):
         ids = _segment_ids(shape)
         mask = (ids[:, :, None] == ids[:, None, :])[:, None]
 
-    def attend(q, k, v):
+    def attend(q, k, v, bias=None):
         return tokamax.dot_product_attention(
-            q, k, v, mask=mask, is_causal=shape.causal, local_window_size=shape.window, implementation="mosaic"
+            q, k, v, bias, mask=mask, is_causal=shape.causal, local_window_size=shape.window, implementation="mosaic"
         )
 
     return attend
 
 
 def _inputs(shape: Shape, mode: str):
-    keys = jax.random.split(jax.random.key(shape.seq + shape.heads), 4)
+    """``[q, k, v, (bias), (dout)]``: random bf16, the bias with ``shape.bias`` and the
+    output's cotangent for ``fwdbwd``."""
+    keys = jax.random.split(jax.random.key(shape.seq + shape.heads), 5)
     q_shape = (shape.batch, shape.seq, shape.heads, shape.head_dim)
     kv_shape = (shape.batch, shape.seq, shape.num_kv_heads, shape.head_dim)
-    shapes = [q_shape, kv_shape, kv_shape] + ([q_shape] if mode == "fwdbwd" else [])
+    shapes = [q_shape, kv_shape, kv_shape]
+    shapes += [(1, shape.heads, shape.seq, shape.seq)] if shape.bias else []
+    shapes += [q_shape] if mode == "fwdbwd" else []
     return [jax.random.normal(key, s, jnp.bfloat16) for key, s in zip(keys, shapes)]
 
 
@@ -198,14 +212,16 @@ def time_jitted(fn, args, budget_s: float) -> _worker.Timing:
 
 def _timed(attend, shape: Shape, mode: str, budget_s: float) -> dict:
     """Median milliseconds of ``attend`` (forward, or forward+backward under a random
-    cotangent), compiled once, after warm-up; or the error it raised."""
+    cotangent, differentiated in every input), compiled once, after warm-up; or the
+    error it raised."""
     args = _inputs(shape, mode)
     if mode == "fwd":
         fn = attend
     else:
 
-        def fn(q, k, v, dout):
-            out, vjp = jax.vjp(attend, q, k, v)
+        def fn(*args):
+            *primals, dout = args
+            out, vjp = jax.vjp(attend, *primals)
             return out, *vjp(dout)
 
     try:

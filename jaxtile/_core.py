@@ -135,8 +135,8 @@ def gather_pages(pages, page_table):
 # forward(inputs, config) -> (out, lse, stats); stats is what backward needs besides out.
 Forward = Callable[[Inputs, Config], tuple[jax.Array, jax.Array, Any]]
 # backward(inputs, out, stats, dout, dlse, config) -> (dq, dk, dv, dbias); dbias is
-# ``[batch, num_heads, q_len, kv_len]`` float32 (None without a bias), whatever the
-# bias broadcasts: `differentiable` sums it to the bias's shape.
+# ``[batch, num_heads, q_len, kv_len]`` float32 or the bias's dtype (None without a
+# bias), whatever the bias broadcasts: `differentiable` sums it to the bias's shape.
 Backward = Callable[..., tuple[jax.Array, jax.Array, jax.Array]]
 # paged_forward(inputs, config, (k_pages, v_pages, page_table)) -> (out, lse): the forward
 # pass reading K and V from pages; inputs.k and inputs.v only give the cache's shape.

@@ -59,8 +59,8 @@ def attention_fn(
     options, through ``functools.partial(attention_fn, local_window_size=...,
     segment_ids=..., logits_soft_cap=..., sinks=..., implementation=..., block_q=...,
     block_k=...)`` (as `jaxtile.dot_product_attention` takes them).
-    ``bias`` (added to the scaled scores, as Flax adds it) is read tile by tile, by the
-    implementations that take one (`jaxtile.flash_attention`'s ``bias``).
+    ``bias`` (added to the scaled scores, as Flax adds it) is read tile by tile, with
+    its gradient (`jaxtile.flash_attention`'s ``bias``).
     ``precision`` is ignored: jaxtile always accumulates in float32. A query that sees
     no key gets output 0 (Flax's default gives it the mean of all values).
 

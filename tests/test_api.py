@@ -121,12 +121,6 @@ BAD_INPUTS = [
     ("bias does not broadcast", dict(bias=jnp.zeros((3, 16, 24))), ValueError, "bias of shape (3, 16, 24) does not"),
     ("integer bias", dict(bias=jnp.zeros((16, 24), jnp.int32)), TypeError, "bias.dtype=int32 is not supported"),
     ("bias a list", dict(bias=[[0.0] * 24] * 16), TypeError, "bias must be an array"),
-    (
-        "bias on a kernel",
-        dict(bias=jnp.zeros((16, 24)), implementation="pallas_v2"),
-        NotImplementedError,
-        "pallas_v2 does not support bias. Implementations that support this call: ['scan_v2', 'scan_v1', 'reference']",
-    ),
 ]
 
 

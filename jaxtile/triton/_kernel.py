@@ -35,7 +35,7 @@ from jaxtile.triton.tuning import KernelTuning
 
 MIN_BLOCK = 16  # the smallest tile Triton's dot accepts
 MAX_HEAD_DIM = 256  # the largest head dim whose tiles fit (`Tiles.fit`)
-FEATURES = registry.FEATURES - {"bias"}  # what the kernels support: they read no bias yet
+FEATURES = registry.FEATURES  # what the FlashAttention-2 kernels support
 
 
 def next_pow2(n: int) -> int:
@@ -313,12 +313,14 @@ def load_bounds(ref, b, h, tile):
 
 @dataclasses.dataclass(frozen=True)
 class RuntimeMask:
-    """The runtime arrays of the mask (segment ids, dense mask, lengths, tile bounds) as refs."""
+    """The runtime arrays of the mask (segment ids, dense mask, lengths, tile bounds) and
+    the bias added to the scores, as refs."""
 
     q_segment_ids: object = None
     kv_segment_ids: object = None
     dense: object = None
     lengths: object = None
+    bias: object = None
     bounds: object = None
 
     def spans(self, spec: MaskSpec, b, h, tile, along_q: bool, block_q: int, block_k: int):
@@ -349,7 +351,7 @@ class RuntimeMask:
                 q_seg = jnp.broadcast_to(q_seg[:, None], (n, pack)).reshape(tiles.block_q)
             kv_seg = plgpu.load(self.kv_segment_ids.at[b, pl.ds(kv_start, block_k)], mask=cols < spec.kv_len, other=-2)
         if spec.has_dense_mask:
-            dense = self._dense_tile(b, h, q_start, tiles, kv_start, block_k, spec)
+            dense = _scores_tile(self.dense, b, h, q_start, tiles, kv_start, block_k, spec, other=False)
             if transposed:
                 dense = dense.T
         if transposed:
@@ -372,28 +374,45 @@ class RuntimeMask:
             check_bounds=check_bounds,
         )
 
-    def _dense_tile(self, b, h, q_start, tiles: Tiles, kv_start, block_k, spec):
-        """The ``[block_q|1, block_k|1]`` tile of the ``[1|B, 1|H, 1|T, 1|S]`` mask
-        (packed tiles only where the mask has no head axis)."""
-        ref = self.dense
-        nb, nh, nq, nk = ref.shape
-        n = tiles.positions
-        rows = pl.ds(q_start, n) if nq > 1 else pl.ds(0, 1)
-        cols = pl.ds(kv_start, block_k) if nk > 1 else pl.ds(0, 1)
-        ok_rows = (q_start + _iota(n) < spec.q_len)[:, None] if nq > 1 else jnp.ones((1, 1), jnp.bool_)
-        ok_cols = (kv_start + _iota(block_k) < spec.kv_len)[None, :] if nk > 1 else jnp.ones((1, 1), jnp.bool_)
-        zero = jnp.int32(0)
-        view = ref.at[b if nb > 1 else zero, h if nh > 1 else zero, rows, cols]
-        tile = plgpu.load(view, mask=ok_rows & ok_cols, other=False)
-        if tiles.pack > 1 and nq > 1:
-            width = tile.shape[1]
-            tile = jnp.broadcast_to(tile[:, None, :], (n, tiles.pack, width)).reshape(tiles.block_q, width)
-        return tile
+    def bias_tile(self, spec: MaskSpec, b, h, q_start, tiles: Tiles, kv_start, block_k: int, *, transposed=False):
+        """The bias of a tile in float32, laid out as `visible`'s (dimensions the bias
+        broadcasts stay 1), or None when the call has no bias."""
+        if self.bias is None:
+            return None
+        tile = _scores_tile(self.bias, b, h, q_start, tiles, kv_start, block_k, spec, other=0.0).astype(jnp.float32)
+        return tile.T if transposed else tile
+
+
+def _scores_tile(ref, b, h, q_start, tiles: Tiles, kv_start, block_k: int, spec: MaskSpec, other):
+    """The ``[block_q|1, block_k|1]`` tile of a ``[1|B, 1|H, 1|T, 1|S]`` array over the
+    scores (a dense mask or a bias), ``other`` past the sequences' ends; packed tiles only
+    where the array has no head axis."""
+    nb, nh, nq, nk = ref.shape
+    n = tiles.positions
+    rows = pl.ds(q_start, n) if nq > 1 else pl.ds(0, 1)
+    cols = pl.ds(kv_start, block_k) if nk > 1 else pl.ds(0, 1)
+    ok_rows = (q_start + _iota(n) < spec.q_len)[:, None] if nq > 1 else jnp.ones((1, 1), jnp.bool_)
+    ok_cols = (kv_start + _iota(block_k) < spec.kv_len)[None, :] if nk > 1 else jnp.ones((1, 1), jnp.bool_)
+    zero = jnp.int32(0)
+    view = ref.at[b if nb > 1 else zero, h if nh > 1 else zero, rows, cols]
+    tile = plgpu.load(view, mask=ok_rows & ok_cols, other=other)
+    if tiles.pack > 1 and nq > 1:
+        width = tile.shape[1]
+        tile = jnp.broadcast_to(tile[:, None, :], (n, tiles.pack, width)).reshape(tiles.block_q, width)
+    return tile
+
+
+def store_scores_tile(ref, b, h, q_start, kv_start, value, spec: MaskSpec):
+    """Stores ``value [block_q, block_k]`` (one head's rows) into ``ref[b, h, q_start:,
+    kv_start:]`` of a ``[batch, heads, q_len, kv_len]`` array over the scores."""
+    block_q, block_k = value.shape
+    mask = (q_start + _iota(block_q) < spec.q_len)[:, None] & (kv_start + _iota(block_k) < spec.kv_len)[None, :]
+    plgpu.store(ref.at[b, h, pl.ds(q_start, block_q), pl.ds(kv_start, block_k)], value.astype(ref.dtype), mask=mask)
 
 
 def runtime_inputs(inputs: Inputs) -> list[jax.Array]:
-    """The runtime mask arrays a kernel reads, in `split_refs` order (tile bounds, which
-    depend on each kernel's tiles, follow them)."""
+    """The runtime mask arrays and the bias a kernel reads, in `split_refs` order (tile
+    bounds, which depend on each kernel's tiles, follow them)."""
     arrays = []
     if inputs.q_segment_ids is not None:
         arrays += [inputs.q_segment_ids, inputs.kv_segment_ids]
@@ -401,7 +420,20 @@ def runtime_inputs(inputs: Inputs) -> list[jax.Array]:
         arrays.append(inputs.mask)
     if inputs.lengths is not None:
         arrays.append(inputs.lengths)
+    if inputs.bias is not None:
+        arrays.append(inputs.bias)
     return arrays
+
+
+def scores_grad(inputs: Inputs, dims: Shape) -> list[jax.ShapeDtypeStruct]:
+    """``[dbias]``, the output of a kernel that writes the bias's gradient as ``[batch,
+    num_heads, q_len, kv_len]`` (`_core.Backward`), or ``[]`` without a bias: float32,
+    to be summed over what the bias broadcasts, or the bias's dtype when it broadcasts
+    nothing (written once, in its final form)."""
+    if inputs.bias is None:
+        return []
+    shape = (dims.batch, dims.num_heads, dims.q_len, dims.kv_len)
+    return [jax.ShapeDtypeStruct(shape, inputs.bias.dtype if inputs.bias.shape == shape else jnp.float32)]
 
 
 def tile_bounds(inputs: Inputs, spec: MaskSpec, block_q: int, block_k: int, *, transposed: bool) -> list[jax.Array]:
@@ -419,8 +451,9 @@ def tile_bounds(inputs: Inputs, spec: MaskSpec, block_q: int, block_k: int, *, t
     return [] if bounds is None else [bounds]
 
 
-def split_refs(refs: Sequence, num_leading: int, spec: MaskSpec):
+def split_refs(refs: Sequence, num_leading: int, config: Config):
     """Splits a kernel's refs into ``(leading, RuntimeMask, rest)``."""
+    spec = config.mask
     leading, rest = list(refs[:num_leading]), list(refs[num_leading:])
     runtime = RuntimeMask()
     if spec.has_segments:
@@ -429,6 +462,8 @@ def split_refs(refs: Sequence, num_leading: int, spec: MaskSpec):
         runtime = dataclasses.replace(runtime, dense=rest.pop(0))
     if spec.has_lengths:
         runtime = dataclasses.replace(runtime, lengths=rest.pop(0))
+    if config.logits.bias:
+        runtime = dataclasses.replace(runtime, bias=rest.pop(0))
     if not spec.is_structured:
         runtime = dataclasses.replace(runtime, bounds=rest.pop(0))
     return leading, runtime, rest
@@ -440,7 +475,9 @@ def _full_block(shape: tuple[int, ...], padded_last: int | None = None) -> pl.Bl
 
 
 def _block_for(x: jax.ShapeDtypeStruct | jax.Array) -> pl.BlockSpec:
-    """Whole-array block; 4-D float ``[batch, len, heads, dim]`` arrays get a padded head dim."""
+    """Whole-array block; 4-D float ``[batch, len, heads, dim]`` arrays get a padded head
+    dim (and so do a bias and its gradient their key axis, which their masked tiles
+    never read or write past ``kv_len``)."""
     if x.ndim == 4 and jnp.issubdtype(x.dtype, jnp.floating):
         return _full_block(x.shape, next_pow2(x.shape[-1]))
     return _full_block(x.shape)

@@ -65,7 +65,7 @@ def _tuning(inputs: Inputs, config: Config) -> tuple[tn.KernelTuning, tn.KernelT
 
 def _forward_kernel(*refs, kernel: pk.Kernel):
     """Algorithm 1 for one (batch, head)."""
-    (q_ref, k_ref, v_ref), runtime, (o_ref, m_ref, l_ref) = pk.split_refs(refs, 3, kernel.config.mask)
+    (q_ref, k_ref, v_ref), runtime, (o_ref, m_ref, l_ref) = pk.split_refs(refs, 3, kernel.config)
     spec, logits, dims = kernel.config.mask, kernel.config.logits, kernel.dims
     bq, bk = kernel.tiles.block_q, kernel.tiles.block_k
     _, b, h = pk.program_ids(1, dims.num_heads, heaviest_first=False)
@@ -88,8 +88,9 @@ def _forward_kernel(*refs, kernel: pk.Kernel):
         o_i = pk.load_tile(o_ref, b, h, q_start, bq, dims.q_len, dims.head_dim_v, ragged=ragged_q)
         m_i = pk.load_row_stat(m_ref, b, h, q_start, bq, dims.q_len, -jnp.inf)
         l_i = pk.load_row_stat(l_ref, b, h, q_start, bq, dims.q_len, 0.0)
-        # Line 9: S_ij = Q_i K_jᵀ (the scale is folded into the exponentials).
-        pre = logits.pre(kernel.dot(q_i, k_j, trans_b=True))
+        # Line 9: S_ij = Q_i K_jᵀ (the scale is folded into the exponentials), plus the bias.
+        bias = runtime.bias_tile(spec, b, h, q_start, kernel.tiles, kv_start, bk)
+        pre = logits.pre(kernel.dot(q_i, k_j, trans_b=True), bias)
         visible = runtime.visible(spec, b, h, q_start, kernel.tiles, kv_start, bk) if masked else None
         # Line 10: m~_ij, P~_ij = exp(S_ij - m~_ij), l~_ij.
         p, m_ij, l_ij = sm.tile_softmax(pre, logits, visible, kernel.exp2)
@@ -154,9 +155,10 @@ def _forward(inputs: Inputs, config: Config):
 
 def _backward_kernel(*refs, kernel: pk.Kernel):
     """Algorithm 4 for one (batch, kv head) and the query heads of its group."""
-    (q_ref, k_ref, v_ref, o_ref, do_ref, m_ref, inv_l_ref, dlse_ref), runtime, (dq_ref, dk_ref, dv_ref) = pk.split_refs(
-        refs, 8, kernel.config.mask
+    (q_ref, k_ref, v_ref, o_ref, do_ref, m_ref, inv_l_ref, dlse_ref), runtime, outputs = pk.split_refs(
+        refs, 8, kernel.config
     )
+    dq_ref, dk_ref, dv_ref, *dbias = outputs  # the bias's gradient, with a bias
     spec, logits, dims = kernel.config.mask, kernel.config.logits, kernel.dims
     bq, bk = kernel.tiles.block_q, kernel.tiles.block_k
     _, b, h_kv = pk.program_ids(1, dims.num_kv_heads, heaviest_first=False)
@@ -169,6 +171,14 @@ def _backward_kernel(*refs, kernel: pk.Kernel):
         g, i = lax.div(n, num_q_tiles), lax.rem(n, num_q_tiles)
         zeros = jnp.zeros((bq, kernel.head_dim_p), jnp.float32)
         pk.store_tile(dq_ref, b, h_kv * dims.group + g, i * bq, zeros, dims.q_len, dims.head_dim)
+        if dbias:  # and dS = 0 on the tiles the mask hides
+            zeros = jnp.zeros((bq, bk), jnp.float32)
+
+            def zero_tile(j, carry):
+                pk.store_scores_tile(dbias[0], b, h_kv * dims.group + g, i * bq, j * bk, zeros, spec)
+                return carry
+
+            pk.fori_loop(0, kernel.tiles.num_kv_tiles(dims), zero_tile, 0)
         return carry
 
     def q_step(h, masked, kv_start, k_j, v_j, i, carry):
@@ -180,8 +190,9 @@ def _backward_kernel(*refs, kernel: pk.Kernel):
         do_i = pk.load_tile(do_ref, b, h, q_start, bq, dims.q_len, dims.head_dim_v, ragged=ragged_q)
         m_i = pk.load_row_stat(m_ref, b, h, q_start, bq, dims.q_len, jnp.inf)
         inv_l_i = pk.load_row_stat(inv_l_ref, b, h, q_start, bq, dims.q_len, 0.0)
-        # Lines 11-13: S_ij = τ Q_i K_jᵀ, masked; P_ij = diag(l_i)^-1 exp(S_ij - m_i).
-        pre = logits.pre(kernel.dot(q_i, k_j, trans_b=True))
+        # Lines 11-13: S_ij = τ Q_i K_jᵀ (plus the bias), masked; P_ij = diag(l_i)^-1 exp(S_ij - m_i).
+        bias = runtime.bias_tile(spec, b, h, q_start, kernel.tiles, kv_start, bk)
+        pre = logits.pre(kernel.dot(q_i, k_j, trans_b=True), bias)
         visible = runtime.visible(spec, b, h, q_start, kernel.tiles, kv_start, bk) if masked else None
         p = sm.probabilities(pre, m_i[:, None], logits, visible, kernel.exp2, inv_l_i[:, None])
         # Line 16: dV_j += P_ijᵀ dO_i.
@@ -190,7 +201,12 @@ def _backward_kernel(*refs, kernel: pk.Kernel):
         dp = kernel.dot(do_i, v_j, trans_b=True)
         dlse = pk.load_row_stat(dlse_ref, b, h, q_start, bq, dims.q_len, 0.0)
         d_i = jnp.sum(do_i.astype(jnp.float32) * o_i.astype(jnp.float32), axis=-1) - dlse
-        ds = sm.score_grad(p, dp, d_i[:, None], pre, logits, visible)
+        if not dbias:
+            ds = sm.score_grad(p, dp, d_i[:, None], pre, logits, visible)
+        else:  # the bias's gradient is dS before the scale (`Logits.logit_grad`)
+            dlogit = sm.score_grad(p, dp, d_i[:, None], pre, logits, visible, of_logit=True)
+            pk.store_scores_tile(dbias[0], b, h, q_start, kv_start, dlogit, spec)
+            ds = dlogit * logits.scale
         # Line 21: dQ_i += dS_ij K_j, read and written back to HBM.
         by_key = by_query = None
         if masked:
@@ -238,12 +254,12 @@ def _backward_kernel(*refs, kernel: pk.Kernel):
 
 
 def _backward(inputs: Inputs, out, stats, dout, dlse, config: Config):
-    """Algorithm 4 in one kernel; returns ``(dq, dk, dv, None)`` (no bias: `_core.Backward`)."""
+    """Algorithm 4 in one kernel; returns ``(dq, dk, dv, dbias)`` (`_core.Backward`)."""
     _, backward = _tuning(inputs, config)
     kernel = pk.Kernel.create(inputs, config, backward, _BACKWARD)
     dims = kernel.dims
     m, inv_l = sm.stats_base2(*stats)
-    dq, dk, dv = pk.launch(
+    dq, dk, dv, *dbias = pk.launch(
         _backward_kernel,
         kernel,
         num_programs=dims.batch * dims.num_kv_heads,
@@ -263,10 +279,11 @@ def _backward(inputs: Inputs, out, stats, dout, dlse, config: Config):
             jax.ShapeDtypeStruct(inputs.q.shape, jnp.float32),
             jax.ShapeDtypeStruct(inputs.k.shape, inputs.k.dtype),
             jax.ShapeDtypeStruct(inputs.v.shape, inputs.v.dtype),
+            *pk.scores_grad(inputs, dims),
         ],
         name="jaxtile_fa1_backward",
     )
-    return dq.astype(inputs.q.dtype), dk, dv, None
+    return dq.astype(inputs.q.dtype), dk, dv, dbias[0] if dbias else None
 
 
 IMPLEMENTATION = registry.register(

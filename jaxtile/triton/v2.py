@@ -66,11 +66,12 @@ def _measure(inputs: Inputs, config: Config, tuning: tn.Tuning) -> tuple[float, 
     dout = dout[..., : inputs.v.shape[-1]]
     segments = [None if x is None else jnp.zeros(x.shape, x.dtype) for x in inputs[3:5]]
     mask = None if inputs.mask is None else jnp.ones(inputs.mask.shape, jnp.bool_)
+    bias = None if inputs.bias is None else jax.random.normal(keys[0], inputs.bias.shape, inputs.bias.dtype)
 
     attention = differentiable(_forward, _backward)
 
     def run(q, k, v):
-        return attention(Inputs(q, k, v, *segments, mask, inputs.lengths), config)
+        return attention(Inputs(q, k, v, *segments, mask, inputs.lengths, bias), config)
 
     try:
         forward = jax.jit(run)
@@ -91,8 +92,9 @@ _DQ = pk.Staging(resident=(("q", "d"), ("q", "v")), streamed=(("k", "d"), ("k", 
 
 
 def _packable(inputs: Inputs) -> bool:
-    """Query heads of a group can share a tile unless a dense mask differs by head."""
-    return inputs.mask is None or inputs.mask.shape[1] == 1
+    """Query heads of a group can share a tile unless a dense mask or a bias differs by
+    head."""
+    return all(x is None or x.shape[1] == 1 for x in (inputs.mask, inputs.bias))
 
 
 def _forward_kernel(*refs, kernel: pk.Kernel, splits: int, pages: pk.Pages | None):
@@ -101,7 +103,7 @@ def _forward_kernel(*refs, kernel: pk.Kernel, splits: int, pages: pk.Pages | Non
     results of the shares merge by their lse, `jaxtile._softmax.merge`). With ``pages``,
     K and V are page pools read through a page table (the ref after them)."""
     (q_ref, k_ref, v_ref, *table), runtime, (o_ref, lse_ref) = pk.split_refs(
-        refs, 3 + (pages is not None), kernel.config.mask
+        refs, 3 + (pages is not None), kernel.config
     )
     spec, logits, dims, tiles = kernel.config.mask, kernel.config.logits, kernel.dims, kernel.tiles
     n, bk = tiles.positions, tiles.block_k
@@ -118,12 +120,14 @@ def _forward_kernel(*refs, kernel: pk.Kernel, splits: int, pages: pk.Pages | Non
     def body(masked, j, carry):
         acc, m_i, l_i = carry
         kv_start = j * bk
-        # Lines 6-8: load K_j; S_ij = Q_i K_jᵀ. (Each tile is loaded just before its
-        # first use, which lets Triton's pipeliner wait on K_j alone before the first dot.)
+        # Lines 6-8: load K_j; S_ij = Q_i K_jᵀ, plus the bias. (Each tile is loaded just
+        # before its first use, which lets Triton's pipeliner wait on K_j alone before the
+        # first dot.)
         k_j = load_kv(
             k_ref, b=b, h=h_kv, start=kv_start, block=bk, length=dims.kv_len, dim=dims.head_dim, ragged=masked
         )
-        pre = logits.pre(kernel.dot(q, k_j, trans_b=True))
+        bias = runtime.bias_tile(spec, b, h0, q_start, tiles, kv_start, bk)
+        pre = logits.pre(kernel.dot(q, k_j, trans_b=True), bias)
         visible = runtime.visible(spec, b, h0, q_start, tiles, kv_start, bk) if masked else None
         # Lines 9-10: online softmax; O_i = diag(exp(m_old - m_new)) O_i + P_ij V_j.
         p, alpha, m_i, l_i = sm.online_softmax(pre, m_i, l_i, logits, visible, kernel.exp2)
@@ -235,7 +239,7 @@ def _dkdv_kernel(*refs, kernel: pk.Kernel, splits: int):
     """Algorithm 2, lines 6-18, for one (key tile, batch, kv head, share of its query
     heads), transposed."""
     (q_ref, k_ref, v_ref, do_ref, lse2_ref, delta_ref), runtime, (dk_ref, dv_ref) = pk.split_refs(
-        refs, 6, kernel.config.mask
+        refs, 6, kernel.config
     )
     spec, logits, dims, tiles = kernel.config.mask, kernel.config.logits, kernel.dims, kernel.tiles
     bq, bk = tiles.block_q, tiles.block_k
@@ -254,9 +258,10 @@ def _dkdv_kernel(*refs, kernel: pk.Kernel, splits: int):
         dk_j, dv_j = carry
         q_start = i * bq
         # Lines 8-11: load Q_i and L_i (rows past q_len: zeros and L = +inf);
-        # Sᵀ = K_j Q_iᵀ, Pᵀ = exp(Sᵀ - L_i).
+        # Sᵀ = K_j Q_iᵀ (plus the bias), Pᵀ = exp(Sᵀ - L_i).
         q_i = pk.load_tile(q_ref, b, h, q_start, bq, dims.q_len, dims.head_dim, ragged=ragged_q)
-        pre_t = logits.pre(kernel.dot(k_j, q_i, trans_b=True))
+        bias_t = runtime.bias_tile(spec, b, h, q_start, tiles, kv_start, bk, transposed=True)
+        pre_t = logits.pre(kernel.dot(k_j, q_i, trans_b=True), bias_t)
         visible = runtime.visible(spec, b, h, q_start, tiles, kv_start, bk, transposed=True) if masked else None
         lse2 = pk.load_row_stat(lse2_ref, b, h, q_start, bq, dims.q_len, jnp.inf)
         p_t = sm.probabilities(pre_t, lse2[None, :], logits, visible, kernel.exp2)
@@ -291,8 +296,12 @@ def _dkdv_kernel(*refs, kernel: pk.Kernel, splits: int):
 
 
 def _dq_kernel(*refs, kernel: pk.Kernel):
-    """Algorithm 2, line 15, for one (query tile, batch, packed heads): dQ_i = Σ_j dS_ij K_j."""
-    (q_ref, k_ref, v_ref, do_ref, lse2_ref, delta_ref), runtime, (dq_ref,) = pk.split_refs(refs, 6, kernel.config.mask)
+    """Algorithm 2, line 15, for one (query tile, batch, packed heads): dQ_i = Σ_j dS_ij K_j.
+    With a bias (one head per tile), it also writes the bias's gradient, dS before the
+    scale (`Logits.logit_grad`), on every key tile: 0 where the mask hides the tile."""
+    (q_ref, k_ref, v_ref, do_ref, lse2_ref, delta_ref), runtime, (dq_ref, *dbias) = pk.split_refs(
+        refs, 6, kernel.config
+    )
     spec, logits, dims, tiles = kernel.config.mask, kernel.config.logits, kernel.dims, kernel.tiles
     n, bk = tiles.positions, tiles.block_k
     t, b, hb = pk.program_ids(tiles.num_q_tiles(dims), dims.num_heads // tiles.pack, spec.right is not None)
@@ -308,12 +317,18 @@ def _dq_kernel(*refs, kernel: pk.Kernel):
     def body(masked, j, dq_i):
         kv_start = j * bk
         k_j = pk.load_tile(k_ref, b, h_kv, kv_start, bk, dims.kv_len, dims.head_dim, ragged=masked)
-        pre = logits.pre(kernel.dot(q_i, k_j, trans_b=True))
+        bias = runtime.bias_tile(spec, b, h0, q_start, tiles, kv_start, bk)
+        pre = logits.pre(kernel.dot(q_i, k_j, trans_b=True), bias)
         visible = runtime.visible(spec, b, h0, q_start, tiles, kv_start, bk) if masked else None
         p = sm.probabilities(pre, lse2[:, None], logits, visible, kernel.exp2)
         v_j = pk.load_tile(v_ref, b, h_kv, kv_start, bk, dims.kv_len, dims.head_dim_v, ragged=masked)
         dp = kernel.dot(do_i, v_j, trans_b=True)
-        ds = sm.score_grad(p, dp, delta[:, None], pre, logits, visible)
+        if dbias:
+            dlogit = sm.score_grad(p, dp, delta[:, None], pre, logits, visible, of_logit=True)
+            pk.store_scores_tile(dbias[0], b, h0, q_start, kv_start, dlogit, spec)
+            ds = dlogit * logits.scale
+        else:
+            ds = sm.score_grad(p, dp, delta[:, None], pre, logits, visible)
         contained = None
         if masked:
             contained = pk.Contained(
@@ -324,14 +339,24 @@ def _dq_kernel(*refs, kernel: pk.Kernel):
         return kernel.accumulate(dq_i, ds, k_j, contained, unbounded=True)
 
     dq_i = jnp.zeros((tiles.block_q, kernel.head_dim_p), jnp.float32)
-    for span in runtime.spans(spec, b, h0, t, False, n, bk):
+    spans = runtime.spans(spec, b, h0, t, False, n, bk)
+    for span in spans:
         dq_i = pk.fori_loop(span.start, span.stop, functools.partial(body, span.masked), dq_i)
+    if dbias:  # the spans are contiguous: the hidden key tiles lie before and after them
+        zeros = jnp.zeros((n, bk), jnp.float32)
+
+        def zero_tile(j, carry):
+            pk.store_scores_tile(dbias[0], b, h0, q_start, j * bk, zeros, spec)
+            return carry
+
+        pk.fori_loop(0, spans[0].start, zero_tile, 0)
+        pk.fori_loop(spans[-1].stop, tiles.num_kv_tiles(dims), zero_tile, 0)
     pk.store_rows(dq_ref, b, h0, q_start, dq_i, tiles, dims.q_len, dims.head_dim)
 
 
 def _backward(inputs: Inputs, out, lse, dout, dlse, config: Config):
-    """Algorithm 2 as a dK/dV kernel and a dQ kernel; returns ``(dq, dk, dv, None)`` (no
-    bias: `_core.Backward`)."""
+    """Algorithm 2 as a dK/dV kernel and a dQ kernel (which also writes the bias's
+    gradient); returns ``(dq, dk, dv, dbias)`` (`_core.Backward`)."""
     tuning = _tuning(inputs, config)
     spec = config.mask
     # Line 4: D_i = rowsum(dO_i ∘ O_i), minus the lse cotangent; lse in base 2. The dK/dV
@@ -374,9 +399,9 @@ def _backward(inputs: Inputs, out, lse, dout, dlse, config: Config):
             jnp.sum(x.reshape(*x.shape[:2], dims.num_kv_heads, splits, x.shape[-1]), axis=3).astype(like.dtype)
             for x, like in ((dk, inputs.k), (dv, inputs.v))
         )
-    kdq = pk.Kernel.create(inputs, config, tuning.dq, _DQ, packable=_packable(inputs))
+    kdq = pk.Kernel.create(inputs, config, tuning.dq, _DQ, packable=_packable(inputs) and inputs.bias is None)
     tiles = kdq.tiles
-    (dq,) = pk.launch(
+    dq, *dbias = pk.launch(
         _dq_kernel,
         kdq,
         num_programs=tiles.num_q_tiles(dims) * dims.batch * (dims.num_heads // tiles.pack),
@@ -389,10 +414,10 @@ def _backward(inputs: Inputs, out, lse, dout, dlse, config: Config):
             *runtime,
             *pk.tile_bounds(inputs, spec, tiles.positions, tiles.block_k, transposed=False),
         ],
-        outputs=[jax.ShapeDtypeStruct(inputs.q.shape, inputs.q.dtype)],
+        outputs=[jax.ShapeDtypeStruct(inputs.q.shape, inputs.q.dtype), *pk.scores_grad(inputs, dims)],
         name="jaxtile_fa2_dq",
     )
-    return dq, dk, dv, None
+    return dq, dk, dv, dbias[0] if dbias else None
 
 
 IMPLEMENTATION = registry.register(
