@@ -28,14 +28,14 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jaxtile import registry
+from jaxtile import _softmax as sm
 from jaxtile._core import Config, Inputs, Shape
+from jaxtile._softmax import Logits
 from jaxtile.mask import MaskSpec, cdiv
 from jaxtile.triton.tuning import KernelTuning
 
 MIN_BLOCK = 16  # the smallest tile Triton's dot accepts
 MAX_HEAD_DIM = 256  # the largest head dim whose tiles fit (`Tiles.fit`)
-FEATURES = registry.FEATURES  # what the FlashAttention-2 kernels support
 
 
 def next_pow2(n: int) -> int:
@@ -408,6 +408,29 @@ def store_scores_tile(ref, b, h, q_start, kv_start, value, spec: MaskSpec):
     block_q, block_k = value.shape
     mask = (q_start + _iota(block_q) < spec.q_len)[:, None] & (kv_start + _iota(block_k) < spec.kv_len)[None, :]
     plgpu.store(ref.at[b, h, pl.ds(q_start, block_q), pl.ds(kv_start, block_k)], value.astype(ref.dtype), mask=mask)
+
+
+def zero_scores_tiles(ref, b, h, q_start, start, stop, block_q: int, block_k: int, spec: MaskSpec):
+    """Zeros the key tiles ``start <= j < stop`` of query tile ``q_start`` in ``ref``
+    (`store_scores_tile`): the bias's gradient where the mask hides every score."""
+    zeros = jnp.zeros((block_q, block_k), jnp.float32)
+
+    def zero_tile(j, carry):
+        store_scores_tile(ref, b, h, q_start, j * block_k, zeros, spec)
+        return carry
+
+    fori_loop(start, stop, zero_tile, 0)
+
+
+def score_grad(p, dp, delta, pre, logits: Logits, visible, store_bias_grad: Callable | None = None):
+    """`jaxtile._softmax.score_grad`, dL/d(q·k) of a tile. With ``store_bias_grad``, the
+    gradient of the logit (the bias's, `Logits.logit_grad`) is formed first, handed to
+    it, and scaled into dL/d(q·k)."""
+    if store_bias_grad is None:
+        return sm.score_grad(p, dp, delta, pre, logits, visible)
+    dlogit = sm.score_grad(p, dp, delta, pre, logits, visible, of_logit=True)
+    store_bias_grad(dlogit)
+    return dlogit * logits.scale
 
 
 def runtime_inputs(inputs: Inputs) -> list[jax.Array]:

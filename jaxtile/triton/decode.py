@@ -117,7 +117,6 @@ IMPLEMENTATION = registry.register(
         paged_forward=_paged_forward,
         platforms=frozenset({"gpu"}),
         interprets=frozenset({"cpu"}),
-        features=pk.FEATURES,
         max_head_dim=pk.MAX_HEAD_DIM,
         max_q_len=MAX_Q_LEN,
         power_of_two_blocks=True,

@@ -171,14 +171,9 @@ def _backward_kernel(*refs, kernel: pk.Kernel):
         g, i = lax.div(n, num_q_tiles), lax.rem(n, num_q_tiles)
         zeros = jnp.zeros((bq, kernel.head_dim_p), jnp.float32)
         pk.store_tile(dq_ref, b, h_kv * dims.group + g, i * bq, zeros, dims.q_len, dims.head_dim)
-        if dbias:  # and dS = 0 on the tiles the mask hides
-            zeros = jnp.zeros((bq, bk), jnp.float32)
-
-            def zero_tile(j, carry):
-                pk.store_scores_tile(dbias[0], b, h_kv * dims.group + g, i * bq, j * bk, zeros, spec)
-                return carry
-
-            pk.fori_loop(0, kernel.tiles.num_kv_tiles(dims), zero_tile, 0)
+        if dbias:  # and the bias's gradient, which stays 0 on the tiles the mask hides
+            h = h_kv * dims.group + g
+            pk.zero_scores_tiles(dbias[0], b, h, i * bq, 0, kernel.tiles.num_kv_tiles(dims), bq, bk, spec)
         return carry
 
     def q_step(h, masked, kv_start, k_j, v_j, i, carry):
@@ -201,12 +196,10 @@ def _backward_kernel(*refs, kernel: pk.Kernel):
         dp = kernel.dot(do_i, v_j, trans_b=True)
         dlse = pk.load_row_stat(dlse_ref, b, h, q_start, bq, dims.q_len, 0.0)
         d_i = jnp.sum(do_i.astype(jnp.float32) * o_i.astype(jnp.float32), axis=-1) - dlse
-        if not dbias:
-            ds = sm.score_grad(p, dp, d_i[:, None], pre, logits, visible)
-        else:  # the bias's gradient is dS before the scale (`Logits.logit_grad`)
-            dlogit = sm.score_grad(p, dp, d_i[:, None], pre, logits, visible, of_logit=True)
-            pk.store_scores_tile(dbias[0], b, h, q_start, kv_start, dlogit, spec)
-            ds = dlogit * logits.scale
+        store_bias_grad = None
+        if dbias:
+            store_bias_grad = functools.partial(pk.store_scores_tile, dbias[0], b, h, q_start, kv_start, spec=spec)
+        ds = pk.score_grad(p, dp, d_i[:, None], pre, logits, visible, store_bias_grad)
         # Line 21: dQ_i += dS_ij K_j, read and written back to HBM.
         by_key = by_query = None
         if masked:
@@ -297,7 +290,6 @@ IMPLEMENTATION = registry.register(
         memory=lambda shape, block_q, block_k, backward: pk.memory(shape, fa1=True, backward=backward),
         platforms=frozenset({"gpu"}),
         interprets=frozenset({"cpu"}),
-        features=pk.FEATURES,
         max_head_dim=pk.MAX_HEAD_DIM,
         power_of_two_blocks=True,
         lse_backward=False,

@@ -323,12 +323,10 @@ def _dq_kernel(*refs, kernel: pk.Kernel):
         p = sm.probabilities(pre, lse2[:, None], logits, visible, kernel.exp2)
         v_j = pk.load_tile(v_ref, b, h_kv, kv_start, bk, dims.kv_len, dims.head_dim_v, ragged=masked)
         dp = kernel.dot(do_i, v_j, trans_b=True)
+        store_bias_grad = None
         if dbias:
-            dlogit = sm.score_grad(p, dp, delta[:, None], pre, logits, visible, of_logit=True)
-            pk.store_scores_tile(dbias[0], b, h0, q_start, kv_start, dlogit, spec)
-            ds = dlogit * logits.scale
-        else:
-            ds = sm.score_grad(p, dp, delta[:, None], pre, logits, visible)
+            store_bias_grad = functools.partial(pk.store_scores_tile, dbias[0], b, h0, q_start, kv_start, spec=spec)
+        ds = pk.score_grad(p, dp, delta[:, None], pre, logits, visible, store_bias_grad)
         contained = None
         if masked:
             contained = pk.Contained(
@@ -343,14 +341,8 @@ def _dq_kernel(*refs, kernel: pk.Kernel):
     for span in spans:
         dq_i = pk.fori_loop(span.start, span.stop, functools.partial(body, span.masked), dq_i)
     if dbias:  # the spans are contiguous: the hidden key tiles lie before and after them
-        zeros = jnp.zeros((n, bk), jnp.float32)
-
-        def zero_tile(j, carry):
-            pk.store_scores_tile(dbias[0], b, h0, q_start, j * bk, zeros, spec)
-            return carry
-
-        pk.fori_loop(0, spans[0].start, zero_tile, 0)
-        pk.fori_loop(spans[-1].stop, tiles.num_kv_tiles(dims), zero_tile, 0)
+        pk.zero_scores_tiles(dbias[0], b, h0, q_start, 0, spans[0].start, n, bk, spec)
+        pk.zero_scores_tiles(dbias[0], b, h0, q_start, spans[-1].stop, tiles.num_kv_tiles(dims), n, bk, spec)
     pk.store_rows(dq_ref, b, h0, q_start, dq_i, tiles, dims.q_len, dims.head_dim)
 
 
@@ -432,7 +424,6 @@ IMPLEMENTATION = registry.register(
         paged_forward=_paged_forward,
         platforms=frozenset({"gpu"}),
         interprets=frozenset({"cpu"}),
-        features=pk.FEATURES,
         max_head_dim=pk.MAX_HEAD_DIM,
         power_of_two_blocks=True,
         lse_backward=True,
