@@ -3,7 +3,8 @@
 ``python -m bench.check`` times jaxtile's default implementation and a peer on a fixed set
 of shapes — the standard grid's rows at 4K and 16K tokens, causal and not, head dims 64
 and 128; GQA, MQA, sliding windows, packed documents, head dim 256, sinks, a learned
-bias, a causal mask passed as a dense array — forward and forward+backward, in this one
+bias, a causal mask passed as a dense array (recognised, and not) — forward and
+forward+backward, in this one
 process on this one GPU, and prints the ratio ``peer time / jaxtile time`` beside the
 floor committed in ``bench/floors.json``. It
 exits with status 1 if any ratio is below its floor, so that a slower kernel cannot land
@@ -48,9 +49,12 @@ class Shape:
     """One case: q ``[batch, seq, heads, head_dim]``, k and v with ``kv_heads``;
     ``documents`` packs that many equal documents into each sequence (segment ids).
     ``sinks`` adds learnable attention sinks (one logit per query head); ``bias`` a
-    per-head bias ``[1, heads, seq, seq]``, differentiated with q, k and v; with
-    ``dense_mask`` jaxtile gets the causal mask as a dense ``[seq, seq]`` array (as
-    Flax builds it) while the peers get ``is_causal``.
+    per-head bias ``[1, heads, seq, seq]``, differentiated with q, k and v. With
+    ``dense_mask`` jaxtile gets the causal mask as a dense ``[seq, seq]`` array, an
+    argument of the compiled call as in a Flax model, while the peers get
+    ``is_causal``: ``"flax"`` is the mask Flax builds (recognised as causal),
+    ``"unrecognised"`` the same with key 0 hidden from the rows after the first, which
+    no structured call expresses (the dense path, at one pair per row less).
     ``peer`` is what the ratio is taken against: ``"cudnn"``, ``"tokamax"`` (where
     cuDNN cannot express the case), ``"separate"`` (the documents as a batch), or
     ``"no_sinks"`` (the same call without its sinks: what they cost)."""
@@ -66,7 +70,7 @@ class Shape:
     documents: int = 0
     sinks: bool = False
     bias: bool = False
-    dense_mask: bool = False
+    dense_mask: str | None = None
     peer: str = "cudnn"
 
     @property
@@ -106,7 +110,8 @@ SHAPES = (
     Shape("d256_causal_8k", 2, 8192, 8, 256, causal=True),
     Shape("sinks_gqa_64_8_causal_8k", 2, 8192, 64, 64, kv_heads=8, causal=True, sinks=True, peer="no_sinks"),
     Shape("bias_d128_causal_8k", 1, 8192, 16, 128, causal=True, bias=True),
-    Shape("d64_4k_dense_causal", 4, 4096, 32, 64, causal=True, dense_mask=True),
+    Shape("d64_4k_dense_causal", 4, 4096, 32, 64, causal=True, dense_mask="flax"),
+    Shape("d64_4k_dense_unrecognised", 4, 4096, 32, 64, causal=True, dense_mask="unrecognised"),
 )
 
 
@@ -116,16 +121,24 @@ def _segment_ids(shape: Shape):
     return jnp.broadcast_to(ids, (shape.batch, shape.seq))
 
 
+def _dense_mask(shape: Shape):
+    """The ``[seq, seq]`` mask of ``shape.dense_mask``, or None."""
+    if shape.dense_mask is None:
+        return None
+    causal = jnp.tril(jnp.ones((shape.seq, shape.seq), jnp.bool_))
+    return causal if shape.dense_mask == "flax" else causal.at[1:, 0].set(False)
+
+
 def _jaxtile(shape: Shape):
-    """jaxtile's default implementation, as ``attend(q, k, v[, bias])``."""
+    """jaxtile's default implementation, as ``attend(q, k, v, bias=None, mask=None)``."""
     options = dict(causal=shape.causal, window=shape.window)
     if shape.sinks:
         options["sinks"] = jnp.linspace(-1.0, 1.0, shape.heads, dtype=jnp.float32)
     if shape.documents:
         options["segment_ids"] = _segment_ids(shape)
     if shape.dense_mask:
-        options.update(causal=False, mask=jnp.tril(jnp.ones((shape.seq, shape.seq), jnp.bool_)))
-    return lambda q, k, v, bias=None: jaxtile.flash_attention(q, k, v, bias=bias, **options)
+        options.update(causal=False)
+    return lambda q, k, v, bias=None, mask=None: jaxtile.flash_attention(q, k, v, bias=bias, mask=mask, **options)
 
 
 def _separate_documents(shape: Shape):
@@ -147,7 +160,7 @@ def _cudnn(shape: Shape):
     if shape.documents or shape.sinks:
         return None
 
-    def attend(q, k, v, bias=None):
+    def attend(q, k, v, bias=None, mask=None):  # is_causal stands for a dense mask (its pairs, or one a row more)
         return jax.nn.dot_product_attention(
             q, k, v, bias, is_causal=shape.causal, local_window_size=shape.window, implementation="cudnn"
         )
@@ -177,29 +190,38 @@ def _tokamax(shape: Shape):
     tokamax = load_tokamax()
     if tokamax is None or shape.sinks:  # it has no sinks
         return None
-    mask = None
+    documents = None
     if shape.documents:
         ids = _segment_ids(shape)
-        mask = (ids[:, :, None] == ids[:, None, :])[:, None]
+        documents = (ids[:, :, None] == ids[:, None, :])[:, None]
 
-    def attend(q, k, v, bias=None):
+    def attend(q, k, v, bias=None, mask=None):  # as for cuDNN, is_causal stands for a dense mask
         return tokamax.dot_product_attention(
-            q, k, v, bias, mask=mask, is_causal=shape.causal, local_window_size=shape.window, implementation="mosaic"
+            q,
+            k,
+            v,
+            bias,
+            mask=documents,
+            is_causal=shape.causal,
+            local_window_size=shape.window,
+            implementation="mosaic",
         )
 
     return attend
 
 
 def _inputs(shape: Shape, mode: str):
-    """``[q, k, v, (bias), (dout)]``: random bf16, the bias with ``shape.bias`` and the
-    output's cotangent for ``fwdbwd``."""
+    """``(primals, mask, dout)``: random bf16 q, k, v (and the bias with ``shape.bias``),
+    the dense mask of ``shape.dense_mask`` (or None) and, for ``fwdbwd``, the output's
+    cotangent (or None)."""
     keys = jax.random.split(jax.random.key(shape.seq + shape.heads), 5)
     q_shape = (shape.batch, shape.seq, shape.heads, shape.head_dim)
     kv_shape = (shape.batch, shape.seq, shape.num_kv_heads, shape.head_dim)
     shapes = [q_shape, kv_shape, kv_shape]
     shapes += [(1, shape.heads, shape.seq, shape.seq)] if shape.bias else []
-    shapes += [q_shape] if mode == "fwdbwd" else []
-    return [jax.random.normal(key, s, jnp.bfloat16) for key, s in zip(keys, shapes)]
+    primals = [jax.random.normal(key, s, jnp.bfloat16) for key, s in zip(keys, shapes)]
+    dout = jax.random.normal(keys[-1], q_shape, jnp.bfloat16) if mode == "fwdbwd" else None
+    return primals, _dense_mask(shape), dout
 
 
 def time_jitted(fn, args, budget_s: float) -> _worker.Timing:
@@ -214,18 +236,16 @@ def _timed(attend, shape: Shape, mode: str, budget_s: float) -> dict:
     """Median milliseconds of ``attend`` (forward, or forward+backward under a random
     cotangent, differentiated in every input), compiled once, after warm-up; or the
     error it raised."""
-    args = _inputs(shape, mode)
-    if mode == "fwd":
-        fn = attend
-    else:
+    primals, mask, dout = _inputs(shape, mode)
 
-        def fn(*args):
-            *primals, dout = args
-            out, vjp = jax.vjp(attend, *primals)
-            return out, *vjp(dout)
+    def fn(mask, dout, *primals):
+        if dout is None:
+            return attend(*primals, mask=mask)
+        out, vjp = jax.vjp(lambda *p: attend(*p, mask=mask), *primals)
+        return out, *vjp(dout)
 
     try:
-        timing = time_jitted(fn, args, budget_s)
+        timing = time_jitted(fn, [mask, dout, *primals], budget_s)
     except Exception as exc:  # recorded, and a missing jaxtile number fails the check
         return dict(error=_worker.failure(exc)["error"])
     return dict(ms=timing.ms, ms_lo=timing.ms_lo, ms_hi=timing.ms_hi, tflops=shape.flops(mode) / timing.ms / 1e9)

@@ -4,16 +4,20 @@ differentiable, sharding-aware, jitted function."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 
 import jax
+import jax.numpy as jnp
+from jax import lax
 from jax.interpreters import ad
 from jax.interpreters import partial_eval as pe
 
 from jaxtile import _core, _inputs, _softmax, registry
 from jaxtile._core import Config, Inputs
 from jaxtile.distributed import _sharding
+from jaxtile.mask import MaskSpec
 
 
 def _platform(x) -> str:
@@ -132,6 +136,44 @@ def _forward_mode(*arrays) -> bool:
     return False
 
 
+def _recognises(chosen: registry.Implementation, inputs: Inputs, config: Config) -> bool:
+    """Whether the call's dense mask may run as the structured call it reads as
+    (`registry.Implementation.recognises_masks`)."""
+    if not (chosen.recognises_masks and config.platform in chosen.platforms and config.mask.recognisable()):
+        return False
+    return chosen.supports(inputs, dataclasses.replace(config, mask=config.mask.recognised())) is None
+
+
+def _recognising(attention: Callable, inputs: Inputs, config: Config, sinks):
+    """``attention`` of the call, or of the structured call its dense mask equals
+    (`MaskSpec.recognise`), chosen at run time."""
+    lengths, same = _recognise(config.mask, inputs.mask)
+    lengths = jnp.broadcast_to(lengths, (inputs.q.shape[0], 2))
+    structured = dataclasses.replace(config, mask=config.mask.recognised())
+    return lax.cond(
+        same,
+        lambda: attention(inputs._replace(mask=None, lengths=lengths), structured, sinks),
+        lambda: attention(inputs, config, sinks),
+    )
+
+
+def _recognise(spec: MaskSpec, dense):
+    """`MaskSpec.recognise` whose verdict stays one scalar under ``vmap`` (true when it
+    holds for the whole batch), so that the choice stays a branch instead of a select
+    that runs both calls."""
+
+    @jax.custom_batching.custom_vmap
+    def recognise(dense):
+        return spec.recognise(dense)
+
+    @recognise.def_vmap
+    def _batched(axis_size: int, in_batched, dense):
+        lengths, same = recognise(dense.reshape(-1, *dense.shape[2:]))
+        return (lengths.reshape(axis_size, -1, 2), same), (True, False)
+
+    return recognise(dense)
+
+
 def attend(query, key, value, *, sinks, return_lse: bool, **options):
     """`flash_attention`'s body, shared with `jaxtile.dot_product_attention`: ``options``
     are `prepare`'s (``top_left`` among them)."""
@@ -140,7 +182,11 @@ def attend(query, key, value, *, sinks, return_lse: bool, **options):
         options["require"] = (lambda i: i.jax_differentiable, "forward-mode autodiff needs passes JAX differentiates")
     chosen, inputs, config, batch = prepare(query, key, value, return_lse=return_lse, **options)
     sinks = _inputs.check_sinks(sinks, inputs.q.shape[2])
-    out, lse = compiled(chosen, forward_mode)(inputs, config, sinks)
+    attention = compiled(chosen, forward_mode)
+    if _recognises(chosen, inputs, config):
+        out, lse = _recognising(attention, inputs, config, sinks)
+    else:
+        out, lse = attention(inputs, config, sinks)
     out = out.reshape(*batch, *out.shape[1:])
     if not return_lse:
         return out

@@ -12,7 +12,8 @@ Positions and windows answer the tile-wise question from indices alone. Segment 
 a dense mask and per-sequence lengths are runtime arrays: :meth:`MaskSpec.tile_bounds`
 reduces them, in XLA before the loops run, to per-tile bounds that the span functions
 intersect with the positional ones, so packed documents, padding and partly filled
-caches skip the tiles they hide too.
+caches skip the tiles they hide too. The API asks one more question before choosing a
+call: is a dense mask really a causal mask with padding (:meth:`MaskSpec.recognise`)?
 
 Positions are bottom-right aligned, as in flash-attn and cuDNN: query row ``i`` sits at
 position ``i + kv_len - q_len`` and key column ``j`` at position ``j``. With per-sequence
@@ -350,6 +351,44 @@ class MaskSpec:
             return None
         classes = self.tile_classes(block_q, block_k, **runtime)
         return bounds_from_classes(jnp.swapaxes(classes, -1, -2) if transposed else classes)
+
+    def recognisable(self) -> bool:
+        """Whether `recognise` can read this spec's dense mask as a structured one: a dense
+        mask and no other runtime part (segment ids or lengths)."""
+        return self.has_dense_mask and not (self.has_segments or self.has_lengths or self.every_tile)
+
+    def recognised(self) -> MaskSpec:
+        """What a dense mask that `recognise` accepts becomes: this spec made causal, with
+        per-sequence lengths in place of the dense mask."""
+        return dataclasses.replace(self, right=0, has_dense_mask=False, has_lengths=True)
+
+    def recognise(self, dense):
+        """Reads ``dense`` as the mask Flax builds (``make_causal_mask`` combined with
+        ``make_attention_mask`` of padding): a causal mask within per-sequence lengths,
+        `recognised`. For `recognisable` specs.
+
+        The lengths are one past the last row and the last key that anything sees, so
+        whenever some lengths give the same visible pairs, these do.
+
+        Args:
+          dense: bool ``[1|batch, 1|heads, 1|q_len, 1|kv_len]``.
+        Returns:
+          ``(lengths, same)``: ``[1|batch, 2]`` int32 ``(q_length, kv_length)``, and a bool
+          scalar, True iff `recognised` with ``lengths`` shows exactly the pairs this
+          spec with ``dense`` shows.
+        """
+        q_idx = jnp.arange(self.q_len, dtype=jnp.int32)[:, None]
+        kv_idx = jnp.arange(self.kv_len, dtype=jnp.int32)[None, :]
+        seen = jnp.broadcast_to(self.visible(q_idx, kv_idx, dense=dense), (*dense.shape[:2], self.q_len, self.kv_len))
+
+        def extent(used):  # one past the last True of ``used [1|batch, n]``
+            n = used.shape[-1]
+            return jnp.where(jnp.any(used, axis=-1), n - jnp.argmax(used[:, ::-1], axis=-1), 0).astype(jnp.int32)
+
+        q_length, kv_length = extent(jnp.any(seen, axis=(1, 3))), extent(jnp.any(seen, axis=(1, 2)))
+        lengths = (q_length[:, None, None, None], kv_length[:, None, None, None])
+        same = jnp.all(seen == self.recognised().visible(q_idx, kv_idx, lengths=lengths))
+        return jnp.stack([q_length, kv_length], axis=-1), same
 
     def kv_spans(self, q_tile, block_q: int, block_k: int, bounds=None) -> tuple[TileSpan, ...]:
         """Key tiles that query tile ``q_tile`` must visit, in increasing order.

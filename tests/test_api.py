@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 from typing import Any, NamedTuple
 
 import host_devices
@@ -9,8 +11,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax_settings import jax_test_config
 
 import jaxtile
+from jaxtile import registry
 
 RNG = np.random.default_rng(0)
 
@@ -324,3 +328,85 @@ def test_sinks_of_minus_infinity_are_no_sinks_and_empty_rows_stay_zero():
     assert not np.asarray(out[:, 0]).any(), "a row that sees no key is not 0"
     np.testing.assert_array_equal(np.asarray(lse[:, :, 0]), np.broadcast_to(np.asarray(sinks), lse[:, :, 0].shape))
     assert all(np.isfinite(np.asarray(g)).all() for g in grads)
+
+
+@contextlib.contextmanager
+def _recognising(impl, traced: list | None = None):
+    """``impl`` registered as a record that recognises dense masks and runs natively here
+    (`registry.Implementation.recognises_masks`); ``traced`` collects the masks
+    (`MaskSpec`) its forward pass is traced with."""
+
+    def forward(inputs, config):
+        if traced is not None:
+            traced.append(config.mask)
+        return impl.forward(inputs, config)
+
+    native = impl.platforms | {jax.default_backend()}
+    record = dataclasses.replace(
+        impl, name=f"{impl.name}_recognising", recognises_masks=True, platforms=native, forward=forward
+    )
+    registry.register(record)
+    try:
+        yield record
+    finally:
+        registry.unregister(record.name)
+
+
+def _causal_with_padding(lengths, q_len: int, kv_len: int):
+    """Flax's kind of mask, ``[batch, 1, q_len, kv_len]``: causal (bottom-right within
+    each sequence's ``(q_length, kv_length)``) and padding."""
+    rows, keys = np.arange(q_len)[:, None], np.arange(kv_len)[None, :]
+    return jnp.asarray(np.stack([(rows < q) & (keys < kv) & (keys <= rows + kv - q) for q, kv in lengths])[:, None])
+
+
+def test_recognised_masks_give_the_dense_call_s_results(impl):
+    """A record that recognises masks runs a dense mask as the dense call and as the
+    structured one (causal, with lengths), chosen at run time; for a causal mask with
+    padding (read as structured) and a random one (not) it gives the outputs, lse and
+    gradients (the sinks' among them) of the reference with the same dense mask."""
+    sinks = jnp.linspace(-1.0, 1.0, Q.shape[2])
+    masks = {
+        "causal with padding": _causal_with_padding([(16, 24), (9, 13)], 16, 24),
+        "random": jnp.asarray(RNG.random((2, 1, 16, 24)) < 0.6),
+    }
+
+    def loss(name, mask):
+        def f(q, k, v, sinks):
+            out, lse = jaxtile.flash_attention(
+                q, k, v, mask=mask, sinks=sinks, return_lse=True, implementation=name, block_q=16, block_k=16
+            )
+            return jnp.sum(jnp.sin(out)) + jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0.0)), (out, lse)
+
+        return jax.grad(f, argnums=(0, 1, 2, 3), has_aux=True)
+
+    traced = []
+    with _recognising(impl, traced) as recognising:
+        for what, mask in masks.items():
+            (grads, aux), (expected_grads, expected_aux) = (
+                loss(name, mask)(Q, K, V, sinks) for name in (recognising.name, "reference")
+            )
+            for got, expected in zip((*grads, *aux), (*expected_grads, *expected_aux)):
+                np.testing.assert_allclose(np.asarray(got), np.asarray(expected), rtol=2e-5, atol=2e-5, err_msg=what)
+    dense = jaxtile.mask.MaskSpec(16, 24, has_dense_mask=True)
+    assert set(traced) == {dense, dense.recognised()}
+
+
+def test_recognition_stays_a_branch_under_vmap_and_jax_s_test_config():
+    """Under ``vmap`` over per-example masks the verdict is one scalar for the whole batch
+    (so the choice stays a ``cond``, where a select would run both calls), and the
+    results are each example's own, under JAX's test configuration too."""
+    native = next(i for i in registry.implementations() if i.tiled and jax.default_backend() in i.platforms)
+    masks = jnp.stack([_causal_with_padding(fills, 16, 24) for fills in ([(16, 24), (9, 13)], [(5, 5), (16, 24)])])
+    spec = jaxtile.mask.MaskSpec(16, 24, has_dense_mask=True)
+    with _recognising(native) as recognising:
+
+        def attend(q, k, v, mask):
+            return jaxtile.flash_attention(q, k, v, mask=mask, implementation=recognising.name)
+
+        for setting in (contextlib.nullcontext, jax_test_config):
+            with setting():
+                _, same = jax.vmap(lambda m: jaxtile.api._recognise(spec, m), out_axes=(0, None))(masks)
+                assert bool(same)
+                got = jax.vmap(attend, in_axes=(None, None, None, 0))(Q, K, V, masks)
+                for example, mask in enumerate(masks):
+                    _check_close(got[example], _reference(mask=mask)(Q, K, V))

@@ -230,3 +230,50 @@ def test_decode_over_a_partly_filled_cache_visits_only_its_tiles():
         spans = spec.kv_spans(0, 16, 64, bounds[b, 0, 0])
         assert sum(int(s.stop) - int(s.start) for s in spans) == -(-kv_length // 64)
         assert sum(int(s.stop) - int(s.start) for s in spans if not s.masked) == kv_length // 64
+
+
+def _causal_within(spec: MaskSpec, q_length: int, kv_length: int) -> np.ndarray:
+    """By definition: the pairs `MaskSpec.recognised` shows with these lengths (causal,
+    the spec's left window, positions aligned to the lengths unless top-left)."""
+    rows, keys = np.arange(spec.q_len)[:, None], np.arange(spec.kv_len)[None, :]
+    pos = _positions(spec, q_length, kv_length)
+    shown = (rows < q_length) & (keys < kv_length) & (keys <= pos)
+    return shown & (True if spec.left is None else keys >= pos - spec.left)
+
+
+def _shown(spec: MaskSpec, dense: np.ndarray) -> np.ndarray:
+    """By definition: the pairs ``spec`` (no lengths) shows with ``dense [q_len, kv_len]``."""
+    pos, keys = _positions(spec, spec.q_len, spec.kv_len), np.arange(spec.kv_len)[None, :]
+    shown = dense & (True if spec.left is None else keys >= pos - spec.left)
+    return shown & (True if spec.right is None else keys <= pos + spec.right)
+
+
+RECOGNISE = sorted({(q, kv, c, w, t) for q, kv, c, w, _, _, t in ALIGNED if max(q, kv) <= 72}, key=str)[::4]
+
+
+@pytest.mark.parametrize("q_len,kv_len,causal,window,top_left", RECOGNISE)
+def test_recognise_reads_causal_masks_with_padding_and_nothing_else(q_len, kv_len, causal, window, top_left):
+    """Flax's causal-with-padding masks (random lengths, one sequence empty) are read as
+    `MaskSpec.recognised` with lengths that show the same pairs; the same masks with one
+    pair flipped, and random masks, are read so only if some lengths show their pairs
+    (found by trying them all)."""
+    rng = np.random.default_rng(q_len * 100 + kv_len)
+    spec = MaskSpec.create(q_len, kv_len, causal=causal, window=window, has_dense_mask=True, top_left=top_left)
+    fills = [(q_len, kv_len), (0, 0)] + [tuple(rng.integers(1, n + 1) for n in (q_len, kv_len)) for _ in range(2)]
+    flax = np.stack([_causal_within(spec, *fill) for fill in fills])
+    flipped = flax.copy()
+    flipped[2, rng.integers(q_len), rng.integers(kv_len)] ^= True
+    random = rng.random((len(fills), q_len, kv_len)) < 0.7
+    for name, masks in (("flax", flax), ("flipped", flipped), ("random", random)):
+        lengths, same = spec.recognise(masks[:, None])
+        shown = [_shown(spec, m) for m in masks]
+        by_lengths = [_causal_within(spec, *map(int, pair)) for pair in np.asarray(lengths)]
+        assert bool(same) == all(np.array_equal(s, r) for s, r in zip(shown, by_lengths)), name
+        if name == "flax":
+            assert bool(same)
+        elif not same:
+            readable = [
+                any(np.array_equal(s, _causal_within(spec, a, b)) for a in range(q_len + 1) for b in range(kv_len + 1))
+                for s in shown
+            ]
+            assert not all(readable), f"{name}: lengths exist that show the same pairs"

@@ -426,6 +426,7 @@ IMPLEMENTATION = registry.register(
         interprets=frozenset({"cpu"}),
         max_head_dim=pk.MAX_HEAD_DIM,
         power_of_two_blocks=True,
+        recognises_masks=True,
         lse_backward=True,
         tuning=tn.Tuning,
         speed=50,
