@@ -145,31 +145,35 @@ def _recognises(chosen: registry.Implementation, inputs: Inputs, config: Config)
 
 
 def _recognising(attention: Callable, inputs: Inputs, config: Config, sinks):
-    """``attention`` of the call, or of the structured call its dense mask equals
-    (`MaskSpec.recognise`), chosen at run time."""
-    lengths, same = _recognise(config.mask, inputs.mask)
+    """``attention`` of the call or of the structured call its dense mask equals
+    (`MaskSpec.recognise`), chosen at run time: causal, causal with padding (lengths,
+    which cost the kernels more than positions alone), or the dense mask."""
+    lengths, branch = _recognise(config.mask, inputs.mask)
     lengths = jnp.broadcast_to(lengths, (inputs.q.shape[0], 2))
-    structured = dataclasses.replace(config, mask=config.mask.recognised())
-    return lax.cond(
-        same,
-        lambda: attention(inputs._replace(mask=None, lengths=lengths), structured, sinks),
-        lambda: attention(inputs, config, sinks),
-    )
+
+    def structured(padded: bool):
+        call = inputs._replace(mask=None, lengths=lengths if padded else None)
+        return lambda: attention(call, dataclasses.replace(config, mask=config.mask.recognised(padded)), sinks)
+
+    return lax.switch(branch, [structured(False), structured(True), lambda: attention(inputs, config, sinks)])
 
 
 def _recognise(spec: MaskSpec, dense):
-    """`MaskSpec.recognise` whose verdict stays one scalar under ``vmap`` (true when it
-    holds for the whole batch), so that the choice stays a branch instead of a select
-    that runs both calls."""
+    """`MaskSpec.recognise`'s lengths, and the branch of `_recognising` to take: 0 (causal),
+    1 (causal with padding) or 2 (dense). Under ``vmap`` the branch stays one scalar for
+    the whole batch, so that the choice stays a branch instead of a select that runs
+    every call."""
 
     @jax.custom_batching.custom_vmap
     def recognise(dense):
-        return spec.recognise(dense)
+        lengths, same = spec.recognise(dense)
+        padded = jnp.any((lengths[:, 0] != spec.q_len) | (lengths[:, 1] != spec.kv_len))
+        return lengths, jnp.where(same, padded.astype(jnp.int32), 2)
 
     @recognise.def_vmap
     def _batched(axis_size: int, in_batched, dense):
-        lengths, same = recognise(dense.reshape(-1, *dense.shape[2:]))
-        return (lengths.reshape(axis_size, -1, 2), same), (True, False)
+        lengths, branch = recognise(dense.reshape(-1, *dense.shape[2:]))
+        return (lengths.reshape(axis_size, -1, 2), branch), (True, False)
 
     return recognise(dense)
 
@@ -230,7 +234,10 @@ def flash_attention(
         ``q_len == kv_len``) or a ``(q_ids, kv_ids)`` pair; keys are visible only within
         the query's own segment.
       mask: bool, True = attend, broadcastable to ``[batch..., num_heads, q_len, kv_len]``;
-        combined (AND) with all of the above.
+        combined (AND) with all of the above. Read tile by tile; on the GPU kernels a
+        mask that is causal, or causal with padding (Flax's ``make_causal_mask`` and
+        ``make_attention_mask``), runs as ``causal=True`` with lengths instead, chosen
+        at run time (`registry.Implementation.recognises_masks`).
       q_lengths, kv_lengths: ``[batch...]`` ints: sequence ``b`` has ``q_lengths[b]``
         queries and ``kv_lengths[b]`` keys (a partly filled cache); rows and keys past
         them are padding (padding rows get output 0 and lse ``-inf``), as
@@ -242,8 +249,7 @@ def flash_attention(
       bias: float, broadcastable to ``[batch..., num_heads, q_len, kv_len]``: added to the
         scaled scores (``scale · q kᵀ + bias``, before the soft cap and the masks), read
         tile by tile; differentiable. Its gradient is formed per batch element and head
-        (``[batch, num_heads, q_len, kv_len]`` float32) and summed to the bias's shape.
-        The ``jax.lax`` implementations and the reference take it, not the Pallas kernels.
+        (``[batch, num_heads, q_len, kv_len]``) and summed to the bias's shape.
       logits_soft_cap: scores become ``cap * tanh(scores / cap)`` before masking.
       sinks: ``[num_heads]`` float learnable attention sinks (gpt-oss): one more logit in
         each row's softmax denominator that contributes no value, so

@@ -44,8 +44,9 @@ def dot_product_attention(
         ``num_heads`` a multiple of ``num_kv_heads`` (GQA/MQA).
       bias: float, broadcastable to ``[batch, num_heads, q_len, kv_len]``, added to the
         scaled scores; read tile by tile and differentiable (`jaxtile.flash_attention`'s
-        ``bias``: the ``jax.lax`` implementations and the reference take it).
-      mask: bool, True = attend, broadcastable to ``[batch, num_heads, q_len, kv_len]``.
+        ``bias``).
+      mask: bool, True = attend, broadcastable to ``[batch, num_heads, q_len, kv_len]``
+        (`jaxtile.flash_attention`'s ``mask``: causal masks run as ``is_causal``).
       scale: default ``1 / sqrt(head_dim)``.
       is_causal: key ``j`` visible to query ``i`` only if ``j <= i`` (top-left).
       query_seq_lengths, key_value_seq_lengths: ``[batch]`` ints: rows and keys past

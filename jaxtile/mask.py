@@ -357,10 +357,11 @@ class MaskSpec:
         mask and no other runtime part (segment ids or lengths)."""
         return self.has_dense_mask and not (self.has_segments or self.has_lengths or self.every_tile)
 
-    def recognised(self) -> MaskSpec:
+    def recognised(self, padded: bool = True) -> MaskSpec:
         """What a dense mask that `recognise` accepts becomes: this spec made causal, with
-        per-sequence lengths in place of the dense mask."""
-        return dataclasses.replace(self, right=0, has_dense_mask=False, has_lengths=True)
+        per-sequence lengths in place of the dense mask (none if not ``padded``: lengths
+        that are the whole sequences change nothing)."""
+        return dataclasses.replace(self, right=0, has_dense_mask=False, has_lengths=padded)
 
     def recognise(self, dense):
         """Reads ``dense`` as the mask Flax builds (``make_causal_mask`` combined with
@@ -407,9 +408,12 @@ class MaskSpec:
             return (TileSpan(0, cdiv(self.kv_len, block_k), True),)
         if self.has_lengths:
             # Positions are aligned per sequence: the runtime bounds hold them. (A tile
-            # is interior only if it holds block_k keys.)
+            # is interior only if it holds block_k keys.) Every row that sees a key sees
+            # key 0 unless a left window hides it, so without one the interior starts
+            # the visited tiles.
             n = cdiv(self.kv_len, block_k)
-            return self._spans(TileBounds(0, 0, n, n), bounds, head=True, interior=self.kv_len >= block_k, tail=True)
+            head = self.left is not None
+            return self._spans(TileBounds(0, 0, n, n), bounds, head=head, interior=self.kv_len >= block_k, tail=True)
         n_kv = self.kv_len
         first = q_tile * block_q + self.offset
         last = jnp.minimum(q_tile * block_q + block_q, self.q_len) - 1 + self.offset
@@ -448,8 +452,10 @@ class MaskSpec:
         if self.every_tile:
             return (TileSpan(0, cdiv(self.q_len, block_q), True),)
         if self.has_lengths:
+            # Every key that a row sees, the rows before it see too unless the right
+            # side of the window hides it from them (as `kv_spans` for key 0).
             n = cdiv(self.q_len, block_q)
-            return self._spans(TileBounds(0, 0, n, n), bounds, head=True, interior=True, tail=True)
+            return self._spans(TileBounds(0, 0, n, n), bounds, head=self.right is not None, interior=True, tail=True)
         n_q = self.q_len
         first = kv_tile * block_k
         last = jnp.minimum(first + block_k, self.kv_len) - 1
@@ -480,12 +486,16 @@ class MaskSpec:
         )
 
     def _spans(self, positional: TileBounds, bounds, *, head: bool, interior: bool, tail: bool):
-        """The spans of ``positional`` intersected with the runtime ``bounds`` (whose
-        masked spans can be anywhere); without bounds, one masked span for a mask with
-        runtime parts, else the spans that can be non-empty. ``head``, ``interior`` and
-        ``tail`` (static) say which spans the positions alone can make non-empty."""
+        """The spans of ``positional`` intersected with the runtime ``bounds``; without
+        bounds, one masked span for a mask with runtime parts, else the spans that can be
+        non-empty. ``head``, ``interior`` and ``tail`` (static) say which spans the
+        positions (and lengths) can make non-empty; segment ids and a dense mask can make
+        both masked spans non-empty anywhere. (A span left out is a loop less in a
+        kernel, whose code size slows every tile.)"""
         if bounds is not None:
-            return positional.intersect(TileBounds(*bounds)).spans(interior=interior)
+            anywhere = self.has_segments or self.has_dense_mask
+            spans = dict(head=head or anywhere, interior=interior, tail=tail or anywhere)
+            return positional.intersect(TileBounds(*bounds)).spans(**spans)
         if not self.is_structured:
             return (TileSpan(positional.lo, positional.hi, True),)
         return positional.spans(head=head, interior=interior, tail=tail)

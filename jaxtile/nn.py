@@ -55,8 +55,10 @@ def attention_fn(
     value ``[batch..., kv_len, num_heads, head_dim]``, ``mask`` broadcastable to
     ``[batch..., num_heads, q_len, kv_len]`` (nonzero = attend), ``is_causal`` aligned
     top-left like ``jax.nn.dot_product_attention``. Structured masks skip the tiles they
-    hide, where a dense ``mask`` is read tile by tile: pass them, and jaxtile's other
-    options, through ``functools.partial(attention_fn, local_window_size=...,
+    hide, where a dense ``mask`` is read tile by tile (except the causal and padding
+    masks Flax builds, which the GPU kernels recognise at run time and run as
+    structured): pass them, and jaxtile's other options, through
+    ``functools.partial(attention_fn, local_window_size=...,
     segment_ids=..., logits_soft_cap=..., sinks=..., implementation=..., block_q=...,
     block_k=...)`` (as `jaxtile.dot_product_attention` takes them).
     ``bias`` (added to the scaled scores, as Flax adds it) is read tile by tile, with

@@ -69,12 +69,12 @@ class Implementation:
         `MaskSpec.every_tile` gives their loops static bounds: it takes forward-mode
         autodiff and second derivatives (`jaxtile.api.compiled`); the others raise
         `Unsupported` there.
-      recognises_masks: where it runs natively, a dense mask that reads as causal with
-        padding (`MaskSpec.recognise`, the masks Flax builds) runs as that structured
-        call, chosen at run time. That costs a pass over the mask and a second compiled
-        call; it pays where structured masks are faster than dense ones (kernels that
-        mask diagonal tiles by position, not by loading mask tiles, and run the
-        heaviest rows first).
+      recognises_masks: where it runs natively, a dense mask that reads as causal, or
+        causal with padding (`MaskSpec.recognise`: the masks Flax builds), runs as that
+        structured call, chosen at run time. That costs a pass over the mask and two
+        more compiled calls; it pays where structured masks are faster than dense ones
+        (kernels that mask diagonal tiles by position, not by loading mask tiles, and
+        run the heaviest rows first).
       tuning: the type of its ``tuning=`` argument, or None if it takes none.
       speed: preference for ``implementation=None`` (higher first).
       deterministic: bitwise-reproducible forward and backward.

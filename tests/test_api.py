@@ -361,11 +361,13 @@ def _causal_with_padding(lengths, q_len: int, kv_len: int):
 
 def test_recognised_masks_give_the_dense_call_s_results(impl):
     """A record that recognises masks runs a dense mask as the dense call and as the
-    structured one (causal, with lengths), chosen at run time; for a causal mask with
-    padding (read as structured) and a random one (not) it gives the outputs, lse and
-    gradients (the sinks' among them) of the reference with the same dense mask."""
+    structured ones (causal, and causal with lengths), chosen at run time; for a causal
+    mask, one with padding (both read as structured) and a random one (not) it gives the
+    outputs, lse and gradients (the sinks' among them) of the reference with the same
+    dense mask."""
     sinks = jnp.linspace(-1.0, 1.0, Q.shape[2])
     masks = {
+        "causal": _causal_with_padding([(16, 24), (16, 24)], 16, 24),
         "causal with padding": _causal_with_padding([(16, 24), (9, 13)], 16, 24),
         "random": jnp.asarray(RNG.random((2, 1, 16, 24)) < 0.6),
     }
@@ -388,7 +390,7 @@ def test_recognised_masks_give_the_dense_call_s_results(impl):
             for got, expected in zip((*grads, *aux), (*expected_grads, *expected_aux)):
                 np.testing.assert_allclose(np.asarray(got), np.asarray(expected), rtol=2e-5, atol=2e-5, err_msg=what)
     dense = jaxtile.mask.MaskSpec(16, 24, has_dense_mask=True)
-    assert set(traced) == {dense, dense.recognised()}
+    assert set(traced) == {dense, dense.recognised(padded=True), dense.recognised(padded=False)}
 
 
 def test_recognition_stays_a_branch_under_vmap_and_jax_s_test_config():
@@ -405,8 +407,8 @@ def test_recognition_stays_a_branch_under_vmap_and_jax_s_test_config():
 
         for setting in (contextlib.nullcontext, jax_test_config):
             with setting():
-                _, same = jax.vmap(lambda m: jaxtile.api._recognise(spec, m), out_axes=(0, None))(masks)
-                assert bool(same)
+                _, branch = jax.vmap(lambda m: jaxtile.api._recognise(spec, m), out_axes=(0, None))(masks)
+                assert int(branch) == 1, "causal with padding"
                 got = jax.vmap(attend, in_axes=(None, None, None, 0))(Q, K, V, masks)
                 for example, mask in enumerate(masks):
                     _check_close(got[example], _reference(mask=mask)(Q, K, V))
