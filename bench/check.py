@@ -148,7 +148,7 @@ def _separate_documents(shape: Shape):
     def split(x):
         return x.reshape(x.shape[0] * docs, doc, *x.shape[2:])
 
-    def attend(q, k, v):
+    def attend(q, k, v, mask=None):  # no dense mask: the documents' rows are their segments
         out = jaxtile.flash_attention(split(q), split(k), split(v), causal=shape.causal)
         return out.reshape(q.shape[0], shape.seq, *out.shape[2:])
 

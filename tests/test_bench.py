@@ -3,6 +3,8 @@ tiny run of ``python -m bench`` end to end (JSON schema, table, plots, report)."
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import subprocess
 import sys
@@ -303,6 +305,30 @@ def test_check_compares_with_the_peer_against_committed_floors(monkeypatch):
     assert [(r["ratio"], r["status"]) for r in rows] == [(0.5, "ok"), (None, "FAIL (no number)")]
     rows = check.run(shapes[:1], ["fwd"], 0.1, {"slow": {"fwd": 0.6}})
     assert rows[0]["status"] == "FAIL"
+
+
+def test_check_times_every_kind_of_case_and_its_jaxtile_peers():
+    """Each kind of case of ``python -m bench.check`` (packed documents, sinks, a bias, a
+    dense mask recognised or not) runs forward and forward+backward, and so do the peers
+    that are jaxtile calls (the documents as a batch, the call without sinks): a number,
+    not an error, at toy size on this machine."""
+    from bench import check
+
+    toy = functools.partial(check.Shape, batch=1, seq=64, heads=2, head_dim=16, causal=True)
+    cases = {
+        "documents": toy(name="documents", documents=2),
+        "sinks": toy(name="sinks", sinks=True),
+        "bias": toy(name="bias", bias=True),
+        "flax": toy(name="flax", dense_mask="flax"),
+        "unrecognised": toy(name="unrecognised", dense_mask="unrecognised"),
+    }
+    for name, shape in cases.items():
+        calls = [check._jaxtile(shape)]
+        calls += [check._separate_documents(shape)] if shape.documents else []
+        calls += [check._jaxtile(dataclasses.replace(shape, sinks=False))] if shape.sinks else []
+        for attend in calls:
+            for mode in check.MODES:
+                assert "ms" in check._timed(attend, shape, mode, budget_s=0.01), (name, mode)
 
 
 def test_documents_count_as_separate_sequences():
