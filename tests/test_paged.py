@@ -1,5 +1,5 @@
 """``jaxtile.paged_attention``: against ``flash_attention`` on the gathered contiguous
-cache (the definition) and against a float64 reference built from the dense mask, with
+cache (the definition, up to the order of summation) and against a float64 reference built from the dense mask, with
 pages in random order, shared pages, uneven fills, both dtypes; gradients; ``jit``; bad
 input."""
 
@@ -219,9 +219,22 @@ def test_matches_flash_attention_and_float64_reference(case):
         return_lse=True,
         **case.options(),
     )
-    np.testing.assert_array_equal(np.asarray(out), np.asarray(direct_out))
-    np.testing.assert_array_equal(np.asarray(lse), np.asarray(direct_lse))
+    _same_up_to_order(out, direct_out, DTYPES[case.dtype])
+    _same_up_to_order(lse, direct_lse, jnp.float32)
     _check(case, arrays, out, lse)
+
+
+def _same_up_to_order(got, want, dtype) -> None:
+    """Equal up to the order of summation: a kernel that reads the pages stops its key
+    tiles at page boundaries, which a call on the contiguous cache need not (on a GPU,
+    the last bits differ; interpreted, they agree). Within 8 units in the last place of
+    ``dtype`` (of the largest magnitude); infinities exactly."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    finite = np.isfinite(want)
+    assert np.array_equal(np.isfinite(got), finite) and np.array_equal(got[~finite], want[~finite])
+    eps = float(jnp.finfo(dtype).eps)
+    scale = np.abs(want[finite]).max(initial=0.0)
+    np.testing.assert_allclose(got[finite], want[finite], rtol=8 * eps, atol=8 * eps * scale)
 
 
 @pytest.mark.parametrize("seed", range(6))
