@@ -1,6 +1,6 @@
 """jaxtile: exact, memory-efficient attention (FlashAttention V1 and V2) for JAX."""
 
-from jaxtile import reference, registry, scan, triton  # importing an implementation registers it
+from jaxtile import mosaic, reference, registry, scan, triton  # importing an implementation registers it
 from jaxtile.api import flash_attention
 from jaxtile.distributed.ring import ring_attention
 from jaxtile.jax_nn import dot_product_attention
@@ -13,6 +13,7 @@ __all__ = [
     "MaskSpec",
     "dot_product_attention",
     "flash_attention",
+    "mosaic",
     "paged_attention",
     "reference",
     "registry",

@@ -59,6 +59,8 @@ class Implementation:
       memory: the bytes it needs beyond inputs and outputs (`jaxtile.analysis`).
       platforms: where it runs natively; ``interprets``: where else it runs, slowly,
         in Pallas interpret mode.
+      requires: ``requires(platform)`` says what this machine's devices of ``platform``
+        lack to run it (say, a GPU generation), or None; None for no such requirement.
       dtypes, features, max_head_dim, max_q_len: the calls it supports (`supports`).
       tiled: O(N) memory, visiting only the tiles the mask allows.
       power_of_two_blocks: ``block_q``/``block_k`` must be powers of two >= 16.
@@ -90,6 +92,7 @@ class Implementation:
     paged_forward: PagedForward | None = None
     platforms: frozenset[str] = PLATFORMS
     interprets: frozenset[str] = frozenset()
+    requires: Callable[[str], str | None] | None = None
     dtypes: frozenset[str] = DTYPES
     features: frozenset[str] = FEATURES
     max_head_dim: int | None = None
@@ -108,6 +111,13 @@ class Implementation:
         """Whether it runs on ``platform`` at all (natively or interpreted)."""
         return platform in self.platforms or platform in self.interprets
 
+    def unable(self, platform: str) -> str | None:
+        """Why it cannot run on ``platform`` on this machine at all, or None if it can."""
+        if not self.runs_on(platform):
+            return f"{self.name} does not run on {platform}"
+        lacking = None if self.requires is None else self.requires(platform)
+        return None if lacking is None else f"{self.name} {lacking}"
+
     def supports(self, inputs: Inputs, config: Config) -> str | None:
         """Why it cannot run this call, or None if it can."""
         shape = Shape.of(inputs.q, inputs.k, inputs.v)
@@ -116,8 +126,9 @@ class Implementation:
     def can_run(self, shape: Shape, dtype: str, features: frozenset[str], platform: str) -> str | None:
         """Why it cannot run a call of this shape, dtype and `FEATURES` on ``platform``,
         or None if it can."""
-        if not self.runs_on(platform):
-            return f"{self.name} does not run on {platform}"
+        unable = self.unable(platform)
+        if unable is not None:
+            return unable
         if dtype not in self.dtypes:
             return f"{self.name} does not take {dtype}"
         if self.max_head_dim is not None and max(shape.head_dim, shape.head_dim_v) > self.max_head_dim:

@@ -1,0 +1,349 @@
+"""``implementation="mosaic_v3"``: FlashAttention-3's forward as a Pallas Mosaic GPU kernel.
+
+Shah et al. (2024), Algorithm 1 (forward with warp specialisation and ping-pong
+scheduling), for Hopper GPUs (sm_90). One program per (query tile, batch, head) runs
+three warpgroups:
+
+* a producer, which issues TMA copies of the key tiles ``K_j`` and value tiles ``V_j``
+  the mask lets the query tile see (`MaskSpec.kv_spans`) into a ring of
+  ``num_stages`` shared-memory slots, each guarded by a "ready" and a "free" barrier;
+* two consumers, each owning ``block_q`` rows of the tile (the 64-row multiple that one
+  ``wgmma`` computes), which form ``S = Q Kᵀ`` and ``O += P V`` with ``wgmma`` and take
+  turns on the tensor cores: one's softmax runs while the other's products do (the
+  "turn" barrier, Algorithm 1's ping-pong). Both visit the same key tiles, those of
+  their union, so the producer's ring serves them in one order.
+
+The online softmax is base 2, as in the Triton kernels (`jaxtile._softmax`); only the
+tiles that `kv_spans` marks masked pay for the element-wise mask (`MaskSpec.visible`).
+Rows that see no key give an output of 0 and an lse of ``-inf``.
+
+The backward pass is the Triton family's (`jaxtile.triton.v2`), which recomputes
+attention from the lse this forward saves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jaxtile import _softmax as sm
+from jaxtile import registry
+from jaxtile._core import Config, Inputs, Shape
+from jaxtile.mask import MaskSpec, cdiv
+from jaxtile.triton import v2 as triton_v2
+
+try:  # Mosaic GPU's Pallas API, as of jax 0.10.2 to 0.12
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+except ImportError:  # pragma: no cover - a jax without it runs the Triton family
+    plgpu = None
+
+# wgmma's rows per warpgroup, and the 128-byte swizzle's width in 2-byte elements: the
+# tiles' rows and the head dims are multiples of it (smaller head dims are zero-padded).
+_WGMMA_ROWS = 64
+_CONSUMERS = 2
+# Shared memory per block on sm_90 (227 KiB), less room for the barriers.
+_SHARED_MEMORY = 232448 - 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class Tuning:
+    """Launch parameters of the forward kernel.
+
+    block_q: query rows per consumer warpgroup (a program covers ``2 * block_q``).
+    block_k: keys per tile of the producer's ring.
+    num_stages: slots of the ring (key/value tiles in flight).
+    """
+
+    block_q: int = 64
+    block_k: int = 128
+    num_stages: int = 2
+
+    def __post_init__(self):
+        for name in ("block_q", "block_k"):
+            block = getattr(self, name)
+            if not isinstance(block, int) or block <= 0 or block % _WGMMA_ROWS:
+                raise ValueError(f"{name}={block!r} must be a positive multiple of {_WGMMA_ROWS}")
+        if not isinstance(self.num_stages, int) or self.num_stages < 2:
+            raise ValueError(f"num_stages={self.num_stages!r} must be an int >= 2")
+
+    def shared_memory(self, head_dim: int, head_dim_v: int, itemsize: int) -> int:
+        """Bytes of the query/output tiles, the ring and the lse rows."""
+        rows = _CONSUMERS * self.block_q
+        q_o = rows * (head_dim + (head_dim_v if head_dim_v != head_dim else 0)) * itemsize
+        ring = self.num_stages * self.block_k * (head_dim + head_dim_v) * itemsize
+        return q_o + ring + rows * 4
+
+
+def default_tuning(head_dim: int, head_dim_v: int, itemsize: int) -> Tuning:
+    """The largest key tile (256, 128 or 64) whose two-stage ring fits beside the queries."""
+    for block_k in (256, 128, 64):
+        tuning = Tuning(block_k=block_k)
+        if (
+            block_k * (head_dim + head_dim_v) <= 256 * 128
+            and tuning.shared_memory(head_dim, head_dim_v, itemsize) <= _SHARED_MEMORY
+        ):
+            return tuning
+    return Tuning(block_k=64)
+
+
+@functools.cache
+def _hopper() -> bool:
+    """Whether this machine's GPUs are all Hopper (sm_90), whose ``wgmma`` and TMA the
+    kernel issues."""
+    try:
+        devices = jax.devices("gpu")
+    except RuntimeError:  # no GPU backend
+        return False
+    return all(getattr(d, "compute_capability", None) == "9.0" for d in devices)
+
+
+def _requires(platform: str) -> str | None:
+    return None if _hopper() else f"needs Hopper GPUs (sm_90) on {platform}"
+
+
+def _padded(n: int, multiple: int) -> int:
+    return cdiv(n, multiple) * multiple
+
+
+def _pad_to(x, axis: int, size: int):
+    """``x`` zero-padded along ``axis`` to ``size``."""
+    if x.shape[axis] == size:
+        return x
+    pad = [(0, 0)] * x.ndim
+    pad[axis] = (0, size - x.shape[axis])
+    return jnp.pad(x, pad)
+
+
+def _rows(x):
+    """A ``[rows]`` statistic broadcast along the columns of a ``[rows, cols]`` tile."""
+    return lambda shape: lax.broadcast_in_dim(x, shape, (0,))
+
+
+def _kernel(
+    q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tuning
+):
+    """Algorithm 1 for one (query tile, batch, head): the producer's and both consumers'
+    parts, chosen by the warpgroup index."""
+    (q_smem, o_smem, k_smem, v_smem, lse_smem), (k_ready, v_ready, q_ready), (k_free, v_free), turn = scoped
+    bq, bk, stages = tuning.block_q, tuning.block_k, tuning.num_stages
+    rows = _CONSUMERS * bq
+    num_q_tiles = cdiv(dims.q_len, rows)
+    h, b, wg = lax.axis_index("heads"), lax.axis_index("batch"), lax.axis_index("wg")
+    t = lax.axis_index("q_tiles")
+    if spec.right is not None:  # the heaviest query tiles first, as the Triton kernels
+        t = num_q_tiles - 1 - t
+    spans = spec.kv_spans(t, rows, bk)
+    first, steps = spans[0].start, spans[-1].stop - spans[0].start
+
+    def take_turn():
+        plgpu.barrier_arrive(turn)
+        plgpu.barrier_wait(turn)
+
+    @pl.when(wg < _CONSUMERS)
+    def _consumer():
+        plgpu.set_max_registers(232, action="increase")
+        q_tile = q_smem.at[wg]
+        row0 = t * rows + wg * bq
+        # Line 4 (consumer): load Q_i; O_i = 0, l_i = 0, m_i = -inf.
+        plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(row0, bq), h], q_tile, q_ready.at[wg])
+        plgpu.barrier_wait(q_ready.at[wg])
+        row_layout = plgpu.Layout.WGMMA.reduce(1)
+        carry = (
+            plgpu.layout_cast(jnp.zeros((bq, dims.head_dim_v), jnp.float32), plgpu.Layout.WGMMA),
+            plgpu.layout_cast(jnp.full((bq,), -jnp.inf, jnp.float32), row_layout),
+            plgpu.layout_cast(jnp.zeros((bq,), jnp.float32), row_layout),
+        )
+
+        @pl.when(steps > 0)
+        def _():
+            plgpu.barrier_wait(k_ready.at[0])
+
+        pl.when(wg == 1)(take_turn)  # the second consumer starts half a step behind
+
+        def step(masked: bool, j, carry):
+            acc, m_i, l_i = carry
+            s = j - first
+            slot = lax.rem(s, jnp.int32(stages))
+
+            # Lines 7-8: S_ij = Q_i K_jᵀ; hand the tensor cores to the other consumer.
+            def qk(acc_ref):
+                plgpu.wgmma(acc_ref, q_tile, k_smem.at[slot].transpose((1, 0)))
+                take_turn()
+                return acc_ref[...]
+
+            pre = logits.pre(pl.run_scoped(qk, plgpu.ACC((bq, bk), jnp.float32)))
+            plgpu.barrier_arrive(k_free.at[slot])
+            if masked:
+                q_idx = row0 + plgpu.broadcasted_iota(jnp.int32, (bq, bk), 0, layout=plgpu.Layout.WGMMA)
+                kv_idx = j * bk + plgpu.broadcasted_iota(jnp.int32, (bq, bk), 1, layout=plgpu.Layout.WGMMA)
+                pre = jnp.where(spec.visible(q_idx, kv_idx), pre, -jnp.inf)
+            # Lines 9-10: online softmax in base 2 (a row that has seen nothing keeps
+            # m_i = -inf; its base is 0 so that no -inf - -inf is formed).
+            m_new = jnp.maximum(m_i, pre.max(axis=1) * logits.factor)
+            m_base = jnp.where(m_new == -jnp.inf, 0.0, m_new) if masked else m_new
+            p = jnp.exp2(pre * logits.factor - _rows(m_base)(pre.shape))
+            alpha = jnp.exp2(m_i - m_base)
+            acc = acc * _rows(alpha)(acc.shape)
+            l_i = l_i * alpha + p.sum(axis=1)
+            p = p.astype(q_ref.dtype)
+            acc, l_i, m_new, p = lax.optimization_barrier((acc, l_i, m_new, p))
+            plgpu.barrier_arrive(turn)  # softmax done
+            plgpu.barrier_wait(v_ready.at[slot])
+            plgpu.barrier_wait(turn)  # the tensor cores are ours again
+
+            # Line 10: O_i += P_ij V_j; meanwhile wait for the next key tile.
+            def pv(acc_ref):
+                plgpu.wgmma(acc_ref, p, v_smem.at[slot])
+
+                @pl.when(s + 1 < steps)
+                def _():
+                    plgpu.barrier_wait(k_ready.at[lax.rem(s + 1, jnp.int32(stages))])
+
+            acc = pl.run_state(pv)(plgpu.ACC.init(acc))
+            plgpu.barrier_arrive(v_free.at[slot])
+            return acc, m_new, l_i
+
+        for span in spans:
+            carry = lax.fori_loop(span.start, span.stop, functools.partial(step, span.masked), carry)
+        pl.when(wg == 0)(take_turn)
+        acc, m_i, l_i = carry
+        # Lines 12-13: O_i = diag(l_i)^-1 O_i, L_i = m_i + log2(l_i) (natural log out).
+        empty = l_i == 0.0
+        out = acc / _rows(jnp.where(empty, 1.0, l_i))(acc.shape)
+        lse = jnp.where(empty, -jnp.inf, (m_i + jnp.log2(jnp.where(empty, 1.0, l_i))) * sm.LN2)
+        o_tile = q_tile if o_smem is None else o_smem.at[wg]  # the queries' tile, when it fits
+        o_tile[...] = out.astype(o_ref.dtype)
+        lse_smem.at[wg][...] = lse
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(o_tile, o_ref.at[b, pl.ds(row0, bq), h])
+        plgpu.copy_smem_to_gmem(lse_smem.at[wg], lse_ref.at[b, h, pl.ds(row0, bq)])
+        plgpu.wait_smem_to_gmem(0)
+
+    @pl.when(wg == _CONSUMERS)
+    def _producer():
+        plgpu.set_max_registers(40, action="decrease")
+        h_kv = lax.div(h, jnp.int32(dims.group))
+
+        def load(ref, smem, ready, s, slot):
+            keys = (b, pl.ds((first + s) * bk, bk), h_kv)
+            plgpu.copy_gmem_to_smem(ref.at[keys], smem.at[slot], ready.at[slot])
+
+        def fill(s):
+            load(k_ref, k_smem, k_ready, s, s)
+            load(v_ref, v_smem, v_ready, s, s)
+
+        for s in range(stages):  # fill the ring
+            pl.when(s < steps)(functools.partial(fill, s))
+
+        @pl.loop(stages, jnp.maximum(steps, stages))
+        def _(s):  # then refill each slot once both consumers are done with it
+            slot = lax.rem(s, jnp.int32(stages))
+            plgpu.barrier_wait(k_free.at[slot])
+            load(k_ref, k_smem, k_ready, s, slot)
+            plgpu.barrier_wait(v_free.at[slot])
+            load(v_ref, v_smem, v_ready, s, slot)
+
+
+def _tuning(inputs: Inputs, config: Config, head_dim: int, head_dim_v: int) -> Tuning:
+    """The user's tuning, or the default, with the call's ``block_q``/``block_k`` rounded
+    up to multiples of 64 (``block_q`` counts the rows of one consumer)."""
+    tuning = config.tuning if isinstance(config.tuning, Tuning) else None
+    if tuning is None:
+        tuning = default_tuning(head_dim, head_dim_v, jnp.dtype(inputs.q.dtype).itemsize)
+    blocks = {
+        name: _padded(block, _WGMMA_ROWS)
+        for name, block in (("block_q", config.block_q), ("block_k", config.block_k))
+        if block is not None
+    }
+    return dataclasses.replace(tuning, **blocks)
+
+
+def forward_pass(inputs: Inputs, config: Config):
+    """The forward kernel: ``out [batch, q_len, heads, head_dim_v]`` in the query's dtype
+    and the natural-log ``lse [batch, heads, q_len]``. Head dims are zero-padded to
+    multiples of 64 and sequences to multiples of the tiles (the padded keys are
+    masked; the padded rows are dropped), so any structured call runs."""
+    dims = Shape.of(inputs.q, inputs.k, inputs.v)
+    head_dim, head_dim_v = _padded(dims.head_dim, _WGMMA_ROWS), _padded(dims.head_dim_v, _WGMMA_ROWS)
+    tuning = _tuning(inputs, config, head_dim, head_dim_v)
+    rows = _CONSUMERS * tuning.block_q
+    q_len, kv_len = _padded(dims.q_len, rows), _padded(dims.kv_len, tuning.block_k)
+    q = _pad_to(_pad_to(inputs.q, 3, head_dim), 1, q_len)
+    k = _pad_to(_pad_to(inputs.k, 3, head_dim), 1, kv_len)
+    v = _pad_to(_pad_to(inputs.v, 3, head_dim_v), 1, kv_len)
+    padded = dataclasses.replace(dims, q_len=q_len, kv_len=kv_len, head_dim=head_dim, head_dim_v=head_dim_v)
+    kernel = functools.partial(_kernel, spec=config.mask, logits=config.logits, dims=padded, tuning=tuning)
+    dtype = inputs.q.dtype
+    bq, bk, stages = tuning.block_q, tuning.block_k, tuning.num_stages
+
+    def smem(*shape):
+        swizzle = plgpu.SwizzleTransform(128)
+        return plgpu.SMEM(
+            shape, dtype, transforms=(plgpu.TilingTransform((8, 128 // jnp.dtype(dtype).itemsize)), swizzle)
+        )
+
+    def entry(q_ref, k_ref, v_ref, o_ref, lse_ref):
+        pl.run_scoped(
+            lambda *scoped: kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, scoped),
+            (
+                smem(_CONSUMERS, bq, head_dim),
+                None if head_dim == head_dim_v else smem(_CONSUMERS, bq, head_dim_v),
+                smem(stages, bk, head_dim),
+                smem(stages, bk, head_dim_v),
+                plgpu.SMEM((_CONSUMERS, bq), jnp.float32),
+            ),
+            (
+                plgpu.Barrier(num_barriers=stages),
+                plgpu.Barrier(num_barriers=stages),
+                plgpu.Barrier(num_barriers=_CONSUMERS),
+            ),
+            (plgpu.Barrier(num_arrivals=_CONSUMERS, num_barriers=stages),) * 2,
+            plgpu.Barrier(num_arrivals=_CONSUMERS),
+            collective_axes="wg",
+        )
+
+    out, lse = plgpu.kernel(
+        entry,
+        out_type=(
+            jax.ShapeDtypeStruct((dims.batch, q_len, dims.num_heads, head_dim_v), dtype),
+            jax.ShapeDtypeStruct((dims.batch, dims.num_heads, q_len), jnp.float32),
+        ),
+        grid=(dims.num_heads, q_len // rows, dims.batch),
+        grid_names=("heads", "q_tiles", "batch"),
+        num_threads=_CONSUMERS + 1,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(approx_math=True),
+    )(q, k, v)
+    return out[:, : dims.q_len, :, : dims.head_dim_v], lse[:, :, : dims.q_len]
+
+
+def _forward(inputs: Inputs, config: Config):
+    out, lse = forward_pass(inputs, config)
+    return out, lse, lse
+
+
+IMPLEMENTATION = registry.register(
+    registry.Implementation(
+        name="mosaic_v3",
+        summary="FlashAttention-3 forward as a Pallas Mosaic GPU kernel (Hopper); Triton FA2 backward",
+        family="mosaic",
+        algorithm="FlashAttention-3",
+        forward=_forward,
+        backward=triton_v2.IMPLEMENTATION.backward,
+        memory=triton_v2.IMPLEMENTATION.memory,
+        platforms=frozenset({"gpu"}),
+        requires=_requires,
+        dtypes=frozenset({"bfloat16", "float16"}),
+        features=frozenset({"causal", "window", "gqa", "soft_cap"}),
+        max_head_dim=256,
+        power_of_two_blocks=True,
+        lse_backward=True,
+        tuning=Tuning,
+        speed=55,
+    )
+)

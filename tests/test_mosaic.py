@@ -1,0 +1,87 @@
+"""The Mosaic GPU family (`jaxtile.mosaic`) off the GPU: Mosaic GPU has no interpreter on
+the jax versions CI runs, so here its kernel is traced and lowered for CUDA (every shape,
+layout and barrier the kernel declares is checked then; ``ptxas`` and the numbers need
+the GPU, where the shared test base runs it), and its dispatch and tuning are tested."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from jaxtile import registry
+from jaxtile._core import Config, Inputs
+from jaxtile._softmax import Logits
+from jaxtile.mask import MaskSpec
+from jaxtile.mosaic import v3
+
+# (q [batch, q_len, heads, dim], kv_len, kv_heads, head_dim_v, causal, window, soft_cap, dtype)
+CALLS = {
+    "causal": ((2, 1024, 4, 128), 1024, 4, 128, True, None, None, jnp.bfloat16),
+    "full_d64": ((1, 512, 4, 64), 512, 4, 64, False, None, None, jnp.float16),
+    "window_gqa_ragged_d80_v48": ((1, 300, 8, 80), 1000, 2, 48, True, (100, 0), None, jnp.bfloat16),
+    "two_sided_window_soft_cap": ((1, 512, 4, 64), 512, 4, 64, False, (50, 70), 5.0, jnp.bfloat16),
+    "d256_causal": ((1, 512, 4, 256), 512, 4, 256, True, None, None, jnp.bfloat16),
+    "decode_mqa": ((4, 1, 8, 128), 4096, 1, 128, True, None, None, jnp.bfloat16),
+    "q_longer_than_kv": ((1, 200, 2, 64), 60, 2, 64, True, (10, 0), None, jnp.float16),
+}
+
+
+def _call(q_shape, kv_len, kv_heads, head_dim_v, causal, window, soft_cap, dtype, **config):
+    batch, q_len, _, head_dim = q_shape
+    q = jax.ShapeDtypeStruct(q_shape, dtype)
+    k = jax.ShapeDtypeStruct((batch, kv_len, kv_heads, head_dim), dtype)
+    v = jax.ShapeDtypeStruct((batch, kv_len, kv_heads, head_dim_v), dtype)
+    spec = MaskSpec.create(q_len, kv_len, causal=causal, window=window)
+    return Inputs(q, k, v), Config(spec, Logits(head_dim**-0.5, soft_cap), platform="gpu", **config)
+
+
+@pytest.mark.parametrize("name", CALLS)
+def test_the_forward_kernel_lowers_for_cuda(name):
+    """Traced and lowered to Mosaic GPU's LLVM module (with its ``wgmma``), with the output
+    and lse of the call's shapes."""
+    inputs, config = _call(*CALLS[name])
+    lowered = jax.jit(lambda q, k, v: v3.forward_pass(Inputs(q, k, v), config)).trace(*inputs[:3])
+    text = lowered.lower(lowering_platforms=("cuda",)).as_text()
+    assert "mosaic_gpu" in text and "wgmma.mma_async" in text
+    out, lse = lowered.out_info
+    batch, q_len, heads, _ = inputs.q.shape
+    assert out.shape == (batch, q_len, heads, inputs.v.shape[-1]) and out.dtype == inputs.q.dtype
+    assert lse.shape == (batch, heads, q_len) and lse.dtype == jnp.float32
+
+
+def test_it_is_the_default_on_hopper_for_the_calls_it_supports(monkeypatch):
+    """On Hopper, the calls its record declares; split-KV decoding keeps short queries, and
+    everything else (float32, segments, other GPUs) falls back to the Triton family."""
+    monkeypatch.setattr(v3, "_hopper", lambda: True)
+
+    def chosen(q_len=1024, dtype=jnp.bfloat16, **spec):
+        inputs, config = _call((2, q_len, 8, 128), 1024, 2, 128, True, None, None, dtype)
+        config = dataclasses.replace(config, mask=dataclasses.replace(config.mask, **spec))
+        return registry.choose(inputs, config).name
+
+    assert chosen() == "mosaic_v3"
+    assert chosen(dtype=jnp.float16) == "mosaic_v3"
+    assert chosen(q_len=1) == "pallas_decode"
+    assert chosen(dtype=jnp.float32) == "pallas_v2"
+    assert chosen(has_segments=True) == "pallas_v2"
+    monkeypatch.setattr(v3, "_hopper", lambda: False)
+    assert chosen() == "pallas_v2"
+    with pytest.raises(registry.Unsupported, match=r"mosaic_v3 needs Hopper GPUs \(sm_90\) on gpu.*'pallas_v2'"):
+        registry.check(v3.IMPLEMENTATION, *_call(*CALLS["causal"]))
+
+
+def test_tiles_are_multiples_of_wgmma_s_rows():
+    """`Tuning` refuses tiles wgmma cannot take, naming them; the call's ``block_q`` and
+    ``block_k`` round up to 64; the default ring fits in shared memory for every head dim."""
+    with pytest.raises(ValueError, match=r"block_q=32 must be a positive multiple of 64"):
+        v3.Tuning(block_q=32)
+    with pytest.raises(ValueError, match=r"num_stages=1 must be an int >= 2"):
+        v3.Tuning(num_stages=1)
+    inputs, config = _call(*CALLS["causal"], block_q=16, block_k=96)
+    assert v3._tuning(inputs, config, 128, 128) == v3.Tuning(block_q=64, block_k=128)
+    for head_dim, block_k in ((64, 256), (128, 128), (256, 64)):
+        tuning = v3.default_tuning(head_dim, head_dim, 2)
+        assert tuning.block_k == block_k and tuning.shared_memory(head_dim, head_dim, 2) <= v3._SHARED_MEMORY
