@@ -85,6 +85,8 @@ def _able() -> str:
 
 
 def _skip_unless_it_takes_the_call(impl, mask: str):
+    if "float32" not in impl.dtypes:
+        pytest.skip(f"{impl.name} takes no float32")
     if impl.max_q_len is not None and impl.max_q_len < LEN:
         pytest.skip(f"{impl.name} takes at most {impl.max_q_len} queries")
     if "bias" in OPTIONS[mask] and "bias" not in impl.features:

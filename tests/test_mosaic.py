@@ -85,3 +85,9 @@ def test_tiles_are_multiples_of_wgmma_s_rows():
     for head_dim, block_k in ((64, 256), (128, 128), (256, 64)):
         tuning = v3.default_tuning(head_dim, head_dim, 2)
         assert tuning.block_k == block_k and tuning.shared_memory(head_dim, head_dim, 2) <= v3._SHARED_MEMORY
+    # Tiles asked for that do not fit shrink: stages, then key tiles, then query tiles.
+    assert v3.Tuning(64, 128, 3).fit(128, 128, 2) == v3.Tuning(64, 128, 2)
+    assert v3.Tuning(64, 256, 2).fit(128, 128, 2) == v3.Tuning(64, 128, 2)
+    assert v3.Tuning(256, 256, 4).fit(256, 256, 2) == v3.Tuning(64, 64, 2)
+    inputs, config = _call(*CALLS["d256_causal"], block_q=128, block_k=256)
+    assert v3._tuning(inputs, config, 256, 256) == v3.Tuning(block_q=64, block_k=64)

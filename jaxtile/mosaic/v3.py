@@ -46,8 +46,9 @@ except ImportError:  # pragma: no cover - a jax without it runs the Triton famil
 # tiles' rows and the head dims are multiples of it (smaller head dims are zero-padded).
 _WGMMA_ROWS = 64
 _CONSUMERS = 2
-# Shared memory per block on sm_90 (227 KiB), less room for the barriers.
-_SHARED_MEMORY = 232448 - 1024
+# Shared memory per block on sm_90 (227 KiB), less what Mosaic GPU adds to the tiles
+# (barriers, alignment: 2.7 KiB measured with three 128-key stages at head dim 128).
+_SHARED_MEMORY = 232448 - 4096
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +78,21 @@ class Tuning:
         q_o = rows * (head_dim + (head_dim_v if head_dim_v != head_dim else 0)) * itemsize
         ring = self.num_stages * self.block_k * (head_dim + head_dim_v) * itemsize
         return q_o + ring + rows * 4
+
+    def fit(self, head_dim: int, head_dim_v: int, itemsize: int) -> Tuning:
+        """This tuning, or, where it does not fit in shared memory, the nearest that does:
+        fewer stages first (down to 2), then halved key tiles, then query tiles (down to 64)."""
+        tuning = self
+        while tuning.shared_memory(head_dim, head_dim_v, itemsize) > _SHARED_MEMORY:
+            if tuning.num_stages > 2:
+                tuning = dataclasses.replace(tuning, num_stages=tuning.num_stages - 1)
+            elif tuning.block_k > _WGMMA_ROWS:
+                tuning = dataclasses.replace(tuning, block_k=_padded(tuning.block_k // 2, _WGMMA_ROWS))
+            elif tuning.block_q > _WGMMA_ROWS:
+                tuning = dataclasses.replace(tuning, block_q=_padded(tuning.block_q // 2, _WGMMA_ROWS))
+            else:
+                break  # the smallest tiles: head dims up to 256 fit
+        return tuning
 
 
 def default_tuning(head_dim: int, head_dim_v: int, itemsize: int) -> Tuning:
@@ -251,7 +267,8 @@ def _kernel(
 
 def _tuning(inputs: Inputs, config: Config, head_dim: int, head_dim_v: int) -> Tuning:
     """The user's tuning, or the default, with the call's ``block_q``/``block_k`` rounded
-    up to multiples of 64 (``block_q`` counts the rows of one consumer)."""
+    up to multiples of 64 (``block_q`` counts the rows of one consumer), made to fit in
+    shared memory (`Tuning.fit`)."""
     tuning = config.tuning if isinstance(config.tuning, Tuning) else None
     if tuning is None:
         tuning = default_tuning(head_dim, head_dim_v, jnp.dtype(inputs.q.dtype).itemsize)
@@ -260,7 +277,7 @@ def _tuning(inputs: Inputs, config: Config, head_dim: int, head_dim_v: int) -> T
         for name, block in (("block_q", config.block_q), ("block_k", config.block_k))
         if block is not None
     }
-    return dataclasses.replace(tuning, **blocks)
+    return dataclasses.replace(tuning, **blocks).fit(head_dim, head_dim_v, jnp.dtype(inputs.q.dtype).itemsize)
 
 
 def forward_pass(inputs: Inputs, config: Config):
