@@ -251,14 +251,21 @@ def _timed(attend, shape: Shape, mode: str, budget_s: float) -> dict:
     return dict(ms=timing.ms, ms_lo=timing.ms_lo, ms_hi=timing.ms_hi, tflops=shape.flops(mode) / timing.ms / 1e9)
 
 
+def _jaxtile_peers(shape: Shape) -> dict:
+    """The peers of ``shape`` that are jaxtile calls: the documents as separate
+    sequences, the call without its sinks."""
+    peers = {}
+    if shape.documents:
+        peers["separate"] = _separate_documents(shape)
+    if shape.sinks:
+        peers["no_sinks"] = _jaxtile(dataclasses.replace(shape, sinks=False))
+    return peers
+
+
 def run(shapes, modes, budget_s: float, floors: dict) -> list[dict]:
     rows = []
     for shape in shapes:
-        peers = {"cudnn": _cudnn(shape), "tokamax": _tokamax(shape)}
-        if shape.documents:
-            peers["separate"] = _separate_documents(shape)
-        if shape.sinks:
-            peers["no_sinks"] = _jaxtile(dataclasses.replace(shape, sinks=False))
+        peers = {"cudnn": _cudnn(shape), "tokamax": _tokamax(shape), **_jaxtile_peers(shape)}
         peers = {name: attend for name, attend in peers.items() if attend is not None}
         for mode in modes:
             row = dict(case=shape.name, mode=mode, shape=dataclasses.asdict(shape), flops=shape.flops(mode))

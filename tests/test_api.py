@@ -393,9 +393,22 @@ def test_recognised_masks_give_the_dense_call_s_results(impl):
     assert set(traced) == {dense, dense.recognised(padded=True), dense.recognised(padded=False)}
 
 
+def test_recognise_takes_the_branch_of_each_kind_of_mask():
+    """Branch 0 for a causal mask over the whole sequences, 1 with padding, 2 for a mask
+    no structured call expresses."""
+    spec = jaxtile.mask.MaskSpec(16, 24, has_dense_mask=True)
+    random = jax.random.bernoulli(jax.random.key(3), 0.5, (2, 1, 16, 24))
+    for mask, expected in (
+        (_causal_with_padding([(16, 24), (16, 24)], 16, 24), 0),
+        (_causal_with_padding([(16, 24), (9, 13)], 16, 24), 1),
+        (random, 2),
+    ):
+        assert int(jaxtile.api._recognise(spec, mask)[1]) == expected
+
+
 def test_recognition_stays_a_branch_under_vmap_and_jax_s_test_config():
     """Under ``vmap`` over per-example masks the verdict is one scalar for the whole batch
-    (so the choice stays a ``cond``, where a select would run both calls), and the
+    (so the choice stays a ``lax.switch``, where a select would run every call), and the
     results are each example's own, under JAX's test configuration too."""
     native = next(i for i in registry.implementations() if i.tiled and jax.default_backend() in i.platforms)
     masks = jnp.stack([_causal_with_padding(fills, 16, 24) for fills in ([(16, 24), (9, 13)], [(5, 5), (16, 24)])])

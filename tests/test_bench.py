@@ -3,7 +3,6 @@ tiny run of ``python -m bench`` end to end (JSON schema, table, plots, report)."
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import subprocess
@@ -323,10 +322,7 @@ def test_check_times_every_kind_of_case_and_its_jaxtile_peers():
         "unrecognised": toy(name="unrecognised", dense_mask="unrecognised"),
     }
     for name, shape in cases.items():
-        calls = [check._jaxtile(shape)]
-        calls += [check._separate_documents(shape)] if shape.documents else []
-        calls += [check._jaxtile(dataclasses.replace(shape, sinks=False))] if shape.sinks else []
-        for attend in calls:
+        for attend in (check._jaxtile(shape), *check._jaxtile_peers(shape).values()):
             for mode in check.MODES:
                 assert "ms" in check._timed(attend, shape, mode, budget_s=0.01), (name, mode)
 

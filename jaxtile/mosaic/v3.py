@@ -18,7 +18,8 @@ tiles that `kv_spans` marks masked pay for the element-wise mask (`MaskSpec.visi
 Rows that see no key give an output of 0 and an lse of ``-inf``.
 
 The backward pass is the Triton family's (`jaxtile.triton.v2`), which recomputes
-attention from the lse this forward saves.
+attention from the lse this forward saves; ``tuning="autotune"`` tunes that backward,
+and this forward takes `default_tuning`.
 """
 
 from __future__ import annotations
