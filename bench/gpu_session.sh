@@ -2,8 +2,8 @@
 # Everything jaxtile checks and measures on an NVIDIA GPU, in stages that each fit one
 # device call (10 minutes). Run from the repository root on the GPU machine:
 #
-#   bash bench/gpu_session.sh check OUT            # the kernels' GPU tests, the extremes compiled for real
-#   bash bench/gpu_session.sh check_api OUT        # the jax.nn, autodiff and paged tests of the kernels
+#   bash bench/gpu_session.sh check OUT            # the kernels' GPU and correctness tests, the extremes compiled for real
+#   bash bench/gpu_session.sh check_api OUT        # their jax.nn, API, autodiff, paged, determinism and numerics tests
 #   bash bench/gpu_session.sh perf OUT [ARGS...]   # python -m bench.check: jaxtile vs cuDNN, the committed floors
 #   bash bench/gpu_session.sh decode OUT [ARGS...] # python -m bench.decode: decode vs the copy bandwidth and cuDNN
 #   bash bench/gpu_session.sh ab OUT A B [ARGS...] # python -m bench.ab: two versions (directories), each in its own process
@@ -37,13 +37,13 @@ peers() {
 case "$stage" in
 check)
     XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 540 python -m pytest -q -p no:cacheprovider -n 12 \
-        tests/test_gpu.py tests/test_correctness.py tests/test_determinism.py tests/test_numerics.py \
+        tests/test_gpu.py tests/test_correctness.py \
         -k "pallas or mosaic or gpu" 2>&1 | tee "$out/gpu_tests.log" | tail -8
     ;;
 check_api)
     # The jax.nn property test compiles every example: 4 per kernel keep the stage in its box.
     JAXTILE_HYPOTHESIS_EXAMPLES=4 XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 540 python -m pytest -q -p no:cacheprovider -n 12 \
-        tests/test_jax_nn.py tests/test_autodiff.py tests/test_paged.py tests/test_api.py \
+        tests/test_jax_nn.py tests/test_autodiff.py tests/test_paged.py tests/test_api.py tests/test_determinism.py tests/test_numerics.py \
         -k "pallas or mosaic or gpu or paged" 2>&1 | tee "$out/gpu_tests_api.log" | tail -8
     ;;
 perf)
