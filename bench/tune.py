@@ -5,9 +5,11 @@ forward+backward under each backward candidate (the forward fixed at the table's
 writes every number to JSON; with ``--peers`` it times cuDNN too, in the same process.
 The candidates are the ones `python -m bench.kernels --sweep` compiles without
 spilling registers (or spilling least), so the GPU's minutes go to configurations that
-can win. The winners become `jaxtile.triton.tuning`'s table. Usage::
+can win. The winners become `jaxtile.triton.tuning`'s table. With ``--impl mosaic_v3``
+it sweeps the Mosaic GPU kernels' tiles and stages instead (`jaxtile.mosaic.v3.Tuning`),
+whose winners become `jaxtile.mosaic.v3.default_tuning`. Usage::
 
-    PYTHONPATH=. python -m bench.tune --out tune.json [--head-dims 64 128] [--seq-lens 4096] [--peers]
+    PYTHONPATH=. python -m bench.tune --out tune.json [--impl mosaic_v3] [--head-dims 64 128] [--seq-lens 4096] [--peers]
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import jaxtile
 from bench.check import Shape
 from bench.probe import git_state
 from jaxtile.mask import MaskSpec
+from jaxtile.mosaic import v3 as mosaic_v3
+from jaxtile.mosaic.backward import BackwardTuning
 from jaxtile.triton.tuning import KernelTuning, Tuning, default_tuning, mask_kind
 
 # head_dim -> candidates (block_q, block_k, num_warps, num_stages)
@@ -57,6 +61,43 @@ BACKWARD = {
         ((32, 128, 8, 2), (128, 32, 8, 2)),
     ],
 }
+# mosaic_v3, head_dim -> forward candidates (block_q, block_k, num_stages), and backward
+# candidates (block_q, block_k, num_stages) with the forward at its default.
+MOSAIC_FORWARD = {
+    64: [(64, 256, 2), (64, 128, 2), (64, 128, 3), (64, 128, 4)],
+    128: [(64, 128, 2), (64, 128, 3), (64, 64, 3), (64, 64, 4)],
+    256: [(64, 64, 2), (64, 64, 3)],
+}
+MOSAIC_BACKWARD = {
+    64: [(64, 64, 2), (64, 64, 3), (64, 64, 4), (128, 64, 2), (64, 128, 2), (64, 128, 3)],
+    128: [(64, 64, 2), (64, 64, 3), (64, 64, 4), (128, 64, 2)],
+}
+
+
+def _candidates(impl: str, dim: int, spec: MaskSpec, modes) -> list[tuple[bool, object, list]]:
+    """``(backward, tuning, what to report of it)`` for each candidate of ``impl``."""
+    candidates = []
+    if impl == "mosaic_v3":
+        base = mosaic_v3.default_tuning(dim, dim, 2)
+        if "fwd" in modes:
+            candidates += [(False, mosaic_v3.Tuning(*f), list(f)) for f in MOSAIC_FORWARD[dim]]
+        if "fwdbwd" in modes:
+            candidates += [
+                (True, dataclasses.replace(base, backward=BackwardTuning(*b)), list(b))
+                for b in MOSAIC_BACKWARD.get(dim, [])
+            ]
+        return candidates
+    base = default_tuning(dim, jnp.bfloat16, mask_kind(spec))
+    if "fwd" in modes:
+        candidates += [
+            (False, t, list(f)) for f in FORWARD[dim] for t in [dataclasses.replace(base, forward=KernelTuning(*f))]
+        ]
+    if "fwdbwd" in modes:
+        candidates += [
+            (True, Tuning(base.forward, KernelTuning(*dkdv), KernelTuning(*dq)), [list(dkdv), list(dq)])
+            for dkdv, dq in BACKWARD[dim]
+        ]
+    return candidates
 
 
 def _time(fn, *args, batches: int = 5, per_batch: int = 10) -> float:
@@ -86,9 +127,9 @@ def _measure(attend, q, k, v, backward: bool) -> float | str:
         return f"error: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
 
 
-def _jaxtile(causal: bool, window, tuning: Tuning):
+def _jaxtile(impl: str, causal: bool, window, tuning):
     def attend(q, k, v):
-        return jaxtile.flash_attention(q, k, v, causal=causal, window=window, implementation="pallas_v2", tuning=tuning)
+        return jaxtile.flash_attention(q, k, v, causal=causal, window=window, implementation=impl, tuning=tuning)
 
     return attend
 
@@ -103,6 +144,7 @@ def _cudnn(causal: bool, window):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
+    parser.add_argument("--impl", choices=("pallas_v2", "mosaic_v3"), default="pallas_v2")
     parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128, 256])
     parser.add_argument("--seq-lens", type=int, nargs="+", default=[4096])
     parser.add_argument("--causal", choices=("both", "yes", "no"), default="both")
@@ -119,26 +161,11 @@ def main() -> None:
                 batch, heads = max(1, 16384 // seq), 2048 // dim
                 keys = jax.random.split(jax.random.key(seq + dim), 3)
                 q, k, v = (jax.random.normal(key, (batch, seq, heads, dim), jnp.bfloat16) for key in keys)
-                base = default_tuning(
-                    dim, jnp.bfloat16, mask_kind(MaskSpec.create(seq, seq, causal=causal, window=window))
-                )
                 shape = dict(head_dim=dim, seq=seq, batch=batch, heads=heads, causal=causal, window=window)
-                candidates = []
-                if "fwd" in args.modes:
-                    candidates += [(False, dataclasses.replace(base, forward=KernelTuning(*f))) for f in FORWARD[dim]]
-                if "fwdbwd" in args.modes:
-                    candidates += [
-                        (True, Tuning(base.forward, KernelTuning(*dkdv), KernelTuning(*dq)))
-                        for dkdv, dq in BACKWARD[dim]
-                    ]
-                for backward, tuning in candidates:
-                    kernel = (
-                        [dataclasses.astuple(tuning.dkdv), dataclasses.astuple(tuning.dq)]
-                        if backward
-                        else (dataclasses.astuple(tuning.forward))
-                    )
-                    seconds = _measure(_jaxtile(causal, window, tuning), q, k, v, backward)
-                    rows.append(dict(shape, impl="pallas_v2", tuning=kernel, backward=backward, seconds=seconds))
+                spec = MaskSpec.create(seq, seq, causal=causal, window=window)
+                for backward, tuning, kernel in _candidates(args.impl, dim, spec, args.modes):
+                    seconds = _measure(_jaxtile(args.impl, causal, window, tuning), q, k, v, backward)
+                    rows.append(dict(shape, impl=args.impl, tuning=kernel, backward=backward, seconds=seconds))
                 if args.peers:
                     for backward in (False, True):
                         seconds = _measure(_cudnn(causal, window), q, k, v, backward)
@@ -150,8 +177,8 @@ def main() -> None:
                 done = [r for r in rows if all(r[key] == value for key, value in shape.items())]
                 for backward in (False, True):
                     part = [r for r in done if r["backward"] == backward and "tflops" in r]
-                    mine = sorted((r for r in part if r["impl"] == "pallas_v2"), key=lambda r: -r["tflops"])
-                    peers = {r["impl"]: round(r["tflops"]) for r in part if r["impl"] != "pallas_v2"}
+                    mine = sorted((r for r in part if r["impl"] == args.impl), key=lambda r: -r["tflops"])
+                    peers = {r["impl"]: round(r["tflops"]) for r in part if r["impl"] != args.impl}
                     if mine:
                         ranking = ", ".join(f"{r['tuning']}: {r['tflops']:.0f}" for r in mine)
                         mode = "fwdbwd" if backward else "fwd"

@@ -6,6 +6,7 @@ the GPU, where the shared test base runs it), and its dispatch and tuning are te
 from __future__ import annotations
 
 import dataclasses
+import types
 
 import jax
 import jax.numpy as jnp
@@ -15,7 +16,8 @@ from jaxtile import registry
 from jaxtile._core import Config, Inputs
 from jaxtile._softmax import Logits
 from jaxtile.mask import MaskSpec
-from jaxtile.mosaic import v3
+from jaxtile.mosaic import _ring, v3
+from jaxtile.mosaic import backward as mosaic_backward
 
 # (q [batch, q_len, heads, dim], kv_len, kv_heads, head_dim_v, causal, window, soft_cap, dtype)
 CALLS = {
@@ -52,6 +54,45 @@ def test_the_forward_kernel_lowers_for_cuda(name):
     assert lse.shape == (batch, heads, q_len) and lse.dtype == jnp.float32
 
 
+@pytest.mark.parametrize("name", [name for name in CALLS if CALLS[name][0][-1] <= 128])
+def test_the_backward_kernels_lower_for_cuda(name):
+    """The dK/dV and dQ kernels of every call whose head dims are at most 128, traced and
+    lowered to Mosaic GPU, with gradients of the inputs' shapes and dtypes."""
+    inputs, config = _call(*CALLS[name])
+    batch, q_len, heads, _ = inputs.q.shape
+    out = jax.ShapeDtypeStruct((batch, q_len, heads, inputs.v.shape[-1]), inputs.q.dtype)
+    lse = jax.ShapeDtypeStruct((batch, heads, q_len), jnp.float32)
+
+    def backward(q, k, v, out, lse, dout, dlse):
+        return mosaic_backward.backward_pass(
+            Inputs(q, k, v), out, lse, dout, dlse, config, mosaic_backward.BackwardTuning()
+        )
+
+    lowered = jax.jit(backward).trace(*inputs[:3], out, lse, out, lse)
+    text = lowered.lower(lowering_platforms=("cuda",)).as_text()
+    assert text.count("custom_call @mosaic_gpu") == 2 and "wgmma.mma_async" in text
+    for grad, x in zip(lowered.out_info, inputs[:3]):
+        assert grad.shape == x.shape and grad.dtype == x.dtype
+
+
+def test_the_backward_takes_the_triton_kernels_where_its_tiles_do_not_fit(monkeypatch):
+    """Head dims past 128 (dK_j and dV_j would not fit in a consumer's registers) go to
+    the Triton family's backward, with the call's tuning dropped (it is Mosaic's)."""
+    calls = []
+    monkeypatch.setattr(v3, "backward_pass", lambda *args: calls.append("mosaic") or (None,) * 3)
+    triton = types.SimpleNamespace(backward=lambda *args: calls.append(("triton", args[-1].tuning)) or (None,) * 4)
+    monkeypatch.setattr(v3, "triton_v2", types.SimpleNamespace(IMPLEMENTATION=triton))
+    for name in ("causal", "d256_causal"):
+        inputs, config = _call(*CALLS[name], tuning=v3.Tuning())
+        v3._backward(inputs, None, None, None, None, config)
+    assert calls == ["mosaic", ("triton", None)]
+    assert mosaic_backward.BackwardTuning().fits(128, 128, 2)
+    assert not mosaic_backward.BackwardTuning().fits(256, 256, 2)
+    assert not mosaic_backward.BackwardTuning(block_k=128).fits(128, 128, 2)
+    with pytest.raises(ValueError, match=r"block_k=96 must be a positive multiple of 64"):
+        mosaic_backward.BackwardTuning(block_k=96)
+
+
 def test_it_is_the_default_on_hopper_for_the_calls_it_supports(monkeypatch):
     """On Hopper, the calls its record declares; split-KV decoding keeps short queries, and
     everything else (float32, segments, other GPUs) falls back to the Triton family."""
@@ -84,7 +125,7 @@ def test_tiles_are_multiples_of_wgmma_s_rows():
     assert v3._tuning(inputs, config, 128, 128) == v3.Tuning(block_q=64, block_k=128)
     for head_dim, block_k in ((64, 256), (128, 128), (256, 64)):
         tuning = v3.default_tuning(head_dim, head_dim, 2)
-        assert tuning.block_k == block_k and tuning.shared_memory(head_dim, head_dim, 2) <= v3._SHARED_MEMORY
+        assert tuning.block_k == block_k and tuning.shared_memory(head_dim, head_dim, 2) <= _ring.SHARED_MEMORY
     # Tiles asked for that do not fit shrink: stages, then key tiles, then query tiles.
     assert v3.Tuning(64, 128, 3).fit(128, 128, 2) == v3.Tuning(64, 128, 2)
     assert v3.Tuning(64, 256, 2).fit(128, 128, 2) == v3.Tuning(64, 128, 2)

@@ -1,4 +1,4 @@
-"""``implementation="mosaic_v3"``: FlashAttention-3's forward as a Pallas Mosaic GPU kernel.
+"""``implementation="mosaic_v3"``: FlashAttention-3 as Pallas Mosaic GPU kernels.
 
 Shah et al. (2024), Algorithm 1 (forward with warp specialisation and ping-pong
 scheduling), for Hopper GPUs (sm_90). One program per (query tile, batch, head) runs
@@ -17,9 +17,9 @@ The online softmax is base 2, as in the Triton kernels (`jaxtile._softmax`); onl
 tiles that `kv_spans` marks masked pay for the element-wise mask (`MaskSpec.visible`).
 Rows that see no key give an output of 0 and an lse of ``-inf``.
 
-The backward pass is the Triton family's (`jaxtile.triton.v2`), which recomputes
-attention from the lse this forward saves; ``tuning="autotune"`` tunes that backward,
-and this forward takes `default_tuning`.
+The backward pass recomputes attention from the lse this forward saves, in the two
+kernels of `jaxtile.mosaic.backward` where their tiles fit (head dims up to 128), else
+in the Triton family's (`jaxtile.triton.v2`; ``tuning="autotune"`` tunes that one).
 """
 
 from __future__ import annotations
@@ -33,8 +33,11 @@ from jax import lax
 
 from jaxtile import _softmax as sm
 from jaxtile import registry
-from jaxtile._core import Config, Inputs, Shape
+from jaxtile._core import AUTOTUNE, Config, Inputs, Shape
 from jaxtile.mask import MaskSpec, cdiv
+from jaxtile.mosaic import _ring
+from jaxtile.mosaic._ring import SHARED_MEMORY, WGMMA_ROWS, along, pad_to, padded, smem
+from jaxtile.mosaic.backward import BackwardTuning, backward_pass
 from jaxtile.triton import v2 as triton_v2
 
 try:  # Mosaic GPU's Pallas API, as of jax 0.10.2 to 0.12
@@ -43,33 +46,29 @@ try:  # Mosaic GPU's Pallas API, as of jax 0.10.2 to 0.12
 except ImportError:  # pragma: no cover - a jax without it runs the Triton family
     plgpu = None
 
-# wgmma's rows per warpgroup, and the 128-byte swizzle's width in 2-byte elements: the
-# tiles' rows and the head dims are multiples of it (smaller head dims are zero-padded).
-_WGMMA_ROWS = 64
 _CONSUMERS = 2
-# Shared memory per block on sm_90 (227 KiB), less what Mosaic GPU adds to the tiles
-# (barriers, alignment: 2.7 KiB measured with three 128-key stages at head dim 128).
-_SHARED_MEMORY = 232448 - 4096
 
 
 @dataclasses.dataclass(frozen=True)
 class Tuning:
-    """Launch parameters of the forward kernel.
+    """Launch parameters of the kernels.
 
     block_q: query rows per consumer warpgroup (a program covers ``2 * block_q``).
     block_k: keys per tile of the producer's ring.
     num_stages: slots of the ring (key/value tiles in flight).
+    backward: the backward kernels' (`jaxtile.mosaic.backward`).
     """
 
     block_q: int = 64
     block_k: int = 128
     num_stages: int = 2
+    backward: BackwardTuning = dataclasses.field(default_factory=BackwardTuning)
 
     def __post_init__(self):
         for name in ("block_q", "block_k"):
             block = getattr(self, name)
-            if not isinstance(block, int) or block <= 0 or block % _WGMMA_ROWS:
-                raise ValueError(f"{name}={block!r} must be a positive multiple of {_WGMMA_ROWS}")
+            if not isinstance(block, int) or block <= 0 or block % WGMMA_ROWS:
+                raise ValueError(f"{name}={block!r} must be a positive multiple of {WGMMA_ROWS}")
         if not isinstance(self.num_stages, int) or self.num_stages < 2:
             raise ValueError(f"num_stages={self.num_stages!r} must be an int >= 2")
 
@@ -84,13 +83,13 @@ class Tuning:
         """This tuning, or, where it does not fit in shared memory, the nearest that does:
         fewer stages first (down to 2), then halved key tiles, then query tiles (down to 64)."""
         tuning = self
-        while tuning.shared_memory(head_dim, head_dim_v, itemsize) > _SHARED_MEMORY:
+        while tuning.shared_memory(head_dim, head_dim_v, itemsize) > SHARED_MEMORY:
             if tuning.num_stages > 2:
                 tuning = dataclasses.replace(tuning, num_stages=tuning.num_stages - 1)
-            elif tuning.block_k > _WGMMA_ROWS:
-                tuning = dataclasses.replace(tuning, block_k=_padded(tuning.block_k // 2, _WGMMA_ROWS))
-            elif tuning.block_q > _WGMMA_ROWS:
-                tuning = dataclasses.replace(tuning, block_q=_padded(tuning.block_q // 2, _WGMMA_ROWS))
+            elif tuning.block_k > WGMMA_ROWS:
+                tuning = dataclasses.replace(tuning, block_k=padded(tuning.block_k // 2, WGMMA_ROWS))
+            elif tuning.block_q > WGMMA_ROWS:
+                tuning = dataclasses.replace(tuning, block_q=padded(tuning.block_q // 2, WGMMA_ROWS))
             else:
                 break  # the smallest tiles: head dims up to 256 fit
         return tuning
@@ -102,7 +101,7 @@ def default_tuning(head_dim: int, head_dim_v: int, itemsize: int) -> Tuning:
         tuning = Tuning(block_k=block_k)
         if (
             block_k * (head_dim + head_dim_v) <= 256 * 128
-            and tuning.shared_memory(head_dim, head_dim_v, itemsize) <= _SHARED_MEMORY
+            and tuning.shared_memory(head_dim, head_dim_v, itemsize) <= SHARED_MEMORY
         ):
             return tuning
     return Tuning(block_k=64)
@@ -123,30 +122,12 @@ def _requires(platform: str) -> str | None:
     return None if _hopper() else f"needs Hopper GPUs (sm_90) on {platform}"
 
 
-def _padded(n: int, multiple: int) -> int:
-    return cdiv(n, multiple) * multiple
-
-
-def _pad_to(x, axis: int, size: int):
-    """``x`` zero-padded along ``axis`` to ``size``."""
-    if x.shape[axis] == size:
-        return x
-    pad = [(0, 0)] * x.ndim
-    pad[axis] = (0, size - x.shape[axis])
-    return jnp.pad(x, pad)
-
-
-def _rows(x):
-    """A ``[rows]`` statistic broadcast along the columns of a ``[rows, cols]`` tile."""
-    return lambda shape: lax.broadcast_in_dim(x, shape, (0,))
-
-
 def _kernel(
     q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tuning
 ):
     """Algorithm 1 for one (query tile, batch, head): the producer's and both consumers'
     parts, chosen by the warpgroup index."""
-    (q_smem, o_smem, k_smem, v_smem, lse_smem), (k_ready, v_ready, q_ready), (k_free, v_free), turn = scoped
+    (q_smem, o_smem, k_smem, v_smem, lse_smem), (q_ready, (k_ready, v_ready), (k_free, v_free)), turn = scoped
     bq, bk, stages = tuning.block_q, tuning.block_k, tuning.num_stages
     rows = _CONSUMERS * bq
     num_q_tiles = cdiv(dims.q_len, rows)
@@ -163,7 +144,7 @@ def _kernel(
 
     @pl.when(wg < _CONSUMERS)
     def _consumer():
-        plgpu.set_max_registers(232, action="increase")
+        plgpu.set_max_registers(_ring.CONSUMER_REGISTERS, action="increase")
         q_tile = q_smem.at[wg]
         row0 = t * rows + wg * bq
         # Line 4 (consumer): load Q_i; O_i = 0, l_i = 0, m_i = -inf.
@@ -203,9 +184,9 @@ def _kernel(
             # m_i = -inf; its base is 0 so that no -inf - -inf is formed).
             m_new = jnp.maximum(m_i, pre.max(axis=1) * logits.factor)
             m_base = jnp.where(m_new == -jnp.inf, 0.0, m_new) if masked else m_new
-            p = jnp.exp2(pre * logits.factor - _rows(m_base)(pre.shape))
+            p = jnp.exp2(pre * logits.factor - along(m_base, pre.shape, 0))
             alpha = jnp.exp2(m_i - m_base)
-            acc = acc * _rows(alpha)(acc.shape)
+            acc = acc * along(alpha, acc.shape, 0)
             l_i = l_i * alpha + p.sum(axis=1)
             p = p.astype(q_ref.dtype)
             acc, l_i, m_new, p = lax.optimization_barrier((acc, l_i, m_new, p))
@@ -231,7 +212,7 @@ def _kernel(
         acc, m_i, l_i = carry
         # Lines 12-13: O_i = diag(l_i)^-1 O_i, L_i = m_i + log2(l_i) (natural log out).
         empty = l_i == 0.0
-        out = acc / _rows(jnp.where(empty, 1.0, l_i))(acc.shape)
+        out = acc / along(jnp.where(empty, 1.0, l_i), acc.shape, 0)
         lse = jnp.where(empty, -jnp.inf, (m_i + jnp.log2(jnp.where(empty, 1.0, l_i))) * sm.LN2)
         o_tile = q_tile if o_smem is None else o_smem.at[wg]  # the queries' tile, when it fits
         o_tile[...] = out.astype(o_ref.dtype)
@@ -243,27 +224,20 @@ def _kernel(
 
     @pl.when(wg == _CONSUMERS)
     def _producer():
-        plgpu.set_max_registers(40, action="decrease")
+        plgpu.set_max_registers(_ring.PRODUCER_REGISTERS, action="decrease")
         h_kv = lax.div(h, jnp.int32(dims.group))
 
-        def load(ref, smem, ready, s, slot):
-            keys = (b, pl.ds((first + s) * bk, bk), h_kv)
-            plgpu.copy_gmem_to_smem(ref.at[keys], smem.at[slot], ready.at[slot])
+        def source(ref):
+            return lambda s: ref.at[b, pl.ds((first + s) * bk, bk), h_kv]
 
-        def fill(s):
-            load(k_ref, k_smem, k_ready, s, s)
-            load(v_ref, v_smem, v_ready, s, s)
-
-        for s in range(stages):  # fill the ring
-            pl.when(s < steps)(functools.partial(fill, s))
-
-        @pl.loop(stages, jnp.maximum(steps, stages))
-        def _(s):  # then refill each slot once both consumers are done with it
-            slot = lax.rem(s, jnp.int32(stages))
-            plgpu.barrier_wait(k_free.at[slot])
-            load(k_ref, k_smem, k_ready, s, slot)
-            plgpu.barrier_wait(v_free.at[slot])
-            load(v_ref, v_smem, v_ready, s, slot)
+        _ring.produce(
+            steps,
+            stages,
+            [
+                _ring.Stream(source(k_ref), k_smem, k_ready, k_free),
+                _ring.Stream(source(v_ref), v_smem, v_ready, v_free),
+            ],
+        )
 
 
 def _tuning(inputs: Inputs, config: Config, head_dim: int, head_dim_v: int) -> Tuning:
@@ -274,7 +248,7 @@ def _tuning(inputs: Inputs, config: Config, head_dim: int, head_dim_v: int) -> T
     if tuning is None:
         tuning = default_tuning(head_dim, head_dim_v, jnp.dtype(inputs.q.dtype).itemsize)
     blocks = {
-        name: _padded(block, _WGMMA_ROWS)
+        name: padded(block, WGMMA_ROWS)
         for name, block in (("block_q", config.block_q), ("block_k", config.block_k))
         if block is not None
     }
@@ -287,56 +261,39 @@ def forward_pass(inputs: Inputs, config: Config):
     multiples of 64 and sequences to multiples of the tiles (the padded keys are
     masked; the padded rows are dropped), so any structured call runs."""
     dims = Shape.of(inputs.q, inputs.k, inputs.v)
-    head_dim, head_dim_v = _padded(dims.head_dim, _WGMMA_ROWS), _padded(dims.head_dim_v, _WGMMA_ROWS)
+    head_dim, head_dim_v = padded(dims.head_dim, WGMMA_ROWS), padded(dims.head_dim_v, WGMMA_ROWS)
     tuning = _tuning(inputs, config, head_dim, head_dim_v)
     rows = _CONSUMERS * tuning.block_q
-    q_len, kv_len = _padded(dims.q_len, rows), _padded(dims.kv_len, tuning.block_k)
-    q = _pad_to(_pad_to(inputs.q, 3, head_dim), 1, q_len)
-    k = _pad_to(_pad_to(inputs.k, 3, head_dim), 1, kv_len)
-    v = _pad_to(_pad_to(inputs.v, 3, head_dim_v), 1, kv_len)
-    padded = dataclasses.replace(dims, q_len=q_len, kv_len=kv_len, head_dim=head_dim, head_dim_v=head_dim_v)
-    kernel = functools.partial(_kernel, spec=config.mask, logits=config.logits, dims=padded, tuning=tuning)
+    q_len, kv_len = padded(dims.q_len, rows), padded(dims.kv_len, tuning.block_k)
+    q = pad_to(pad_to(inputs.q, 3, head_dim), 1, q_len)
+    k = pad_to(pad_to(inputs.k, 3, head_dim), 1, kv_len)
+    v = pad_to(pad_to(inputs.v, 3, head_dim_v), 1, kv_len)
+    dims_p = dataclasses.replace(dims, q_len=q_len, kv_len=kv_len, head_dim=head_dim, head_dim_v=head_dim_v)
+    kernel = functools.partial(_kernel, spec=config.mask, logits=config.logits, dims=dims_p, tuning=tuning)
     dtype = inputs.q.dtype
     bq, bk, stages = tuning.block_q, tuning.block_k, tuning.num_stages
-
-    def smem(*shape):
-        swizzle = plgpu.SwizzleTransform(128)
-        return plgpu.SMEM(
-            shape, dtype, transforms=(plgpu.TilingTransform((8, 128 // jnp.dtype(dtype).itemsize)), swizzle)
-        )
-
-    def entry(q_ref, k_ref, v_ref, o_ref, lse_ref):
-        pl.run_scoped(
-            lambda *scoped: kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, scoped),
-            (
-                smem(_CONSUMERS, bq, head_dim),
-                None if head_dim == head_dim_v else smem(_CONSUMERS, bq, head_dim_v),
-                smem(stages, bk, head_dim),
-                smem(stages, bk, head_dim_v),
-                plgpu.SMEM((_CONSUMERS, bq), jnp.float32),
-            ),
-            (
-                plgpu.Barrier(num_barriers=stages),
-                plgpu.Barrier(num_barriers=stages),
-                plgpu.Barrier(num_barriers=_CONSUMERS),
-            ),
-            (plgpu.Barrier(num_arrivals=_CONSUMERS, num_barriers=stages),) * 2,
-            plgpu.Barrier(num_arrivals=_CONSUMERS),
-            collective_axes="wg",
-        )
-
-    out, lse = plgpu.kernel(
-        entry,
-        out_type=(
+    out, lse = _ring.launch(
+        kernel,
+        (q, k, v),
+        (
             jax.ShapeDtypeStruct((dims.batch, q_len, dims.num_heads, head_dim_v), dtype),
             jax.ShapeDtypeStruct((dims.batch, dims.num_heads, q_len), jnp.float32),
         ),
-        grid=(dims.num_heads, q_len // rows, dims.batch),
-        grid_names=("heads", "q_tiles", "batch"),
-        num_threads=_CONSUMERS + 1,
-        thread_name="wg",
-        compiler_params=plgpu.CompilerParams(approx_math=True),
-    )(q, k, v)
+        (dims.num_heads, q_len // rows, dims.batch),
+        ("heads", "q_tiles", "batch"),
+        _CONSUMERS,
+        (
+            (
+                smem(dtype, _CONSUMERS, bq, head_dim),
+                None if head_dim == head_dim_v else smem(dtype, _CONSUMERS, bq, head_dim_v),
+                smem(dtype, stages, bk, head_dim),
+                smem(dtype, stages, bk, head_dim_v),
+                plgpu.SMEM((_CONSUMERS, bq), jnp.float32),
+            ),
+            (plgpu.Barrier(num_barriers=_CONSUMERS), *_ring.ring_barriers(stages, 2, _CONSUMERS)),
+            plgpu.Barrier(num_arrivals=_CONSUMERS),
+        ),
+    )
     return out[:, : dims.q_len, :, : dims.head_dim_v], lse[:, :, : dims.q_len]
 
 
@@ -345,14 +302,25 @@ def _forward(inputs: Inputs, config: Config):
     return out, lse, lse
 
 
+def _backward(inputs: Inputs, out, lse, dout, dlse, config: Config):
+    """The Mosaic backward kernels where their tiles fit (`BackwardTuning.fits`: head dims
+    up to 128), else the Triton family's; ``(dq, dk, dv, None)``."""
+    dims = Shape.of(inputs.q, inputs.k, inputs.v)
+    tuning = config.tuning.backward if isinstance(config.tuning, Tuning) else BackwardTuning()
+    if not tuning.fits(padded(dims.head_dim, WGMMA_ROWS), padded(dims.head_dim_v, WGMMA_ROWS), dims.itemsize):
+        config = config if config.tuning == AUTOTUNE else dataclasses.replace(config, tuning=None)
+        return triton_v2.IMPLEMENTATION.backward(inputs, out, lse, dout, dlse, config)
+    return (*backward_pass(inputs, out, lse, dout, dlse, config, tuning), None)
+
+
 IMPLEMENTATION = registry.register(
     registry.Implementation(
         name="mosaic_v3",
-        summary="FlashAttention-3 forward as a Pallas Mosaic GPU kernel (Hopper); Triton FA2 backward",
+        summary="FlashAttention-3 as Pallas Mosaic GPU kernels (Hopper): forward, dK/dV, dQ",
         family="mosaic",
         algorithm="FlashAttention-3",
         forward=_forward,
-        backward=triton_v2.IMPLEMENTATION.backward,
+        backward=_backward,
         memory=triton_v2.IMPLEMENTATION.memory,
         platforms=frozenset({"gpu"}),
         requires=_requires,

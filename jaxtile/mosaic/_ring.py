@@ -1,0 +1,138 @@
+"""What the Mosaic GPU kernels share: padding to ``wgmma`` tiles, shared-memory tiles,
+and the producer warpgroup's ring of TMA copies that the consumers read.
+
+A kernel of this family runs consumer warpgroups and one producer. The producer copies
+the tiles of step ``s`` of the consumers' loop into slot ``s % num_stages`` of a ring in
+shared memory; for each operand a "ready" barrier per slot says its copy has landed and
+a "free" barrier (one arrival per consumer) says every consumer is done with it.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+import jax.numpy as jnp
+from jax import lax
+
+from jaxtile.mask import cdiv
+
+try:  # Mosaic GPU's Pallas API, as of jax 0.10.2 to 0.12
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+except ImportError:  # pragma: no cover - a jax without it runs the Triton family
+    plgpu = None
+
+# wgmma's rows per warpgroup, and the 128-byte swizzle's width in 2-byte elements: the
+# tiles' rows and the head dims are multiples of it (smaller head dims are zero-padded).
+WGMMA_ROWS = 64
+# Shared memory per block on sm_90 (227 KiB), less what Mosaic GPU adds to the tiles
+# (barriers, alignment: 2.7 KiB measured with three 128-key stages at head dim 128).
+SHARED_MEMORY = 232448 - 4096
+# Registers per thread of a consumer and of the producer (65536 per block, 128 threads
+# per warpgroup: two consumers at 232 leave the producer 40).
+CONSUMER_REGISTERS, PRODUCER_REGISTERS = 232, 40
+
+
+def padded(n: int, multiple: int) -> int:
+    return cdiv(n, multiple) * multiple
+
+
+def pad_to(x, axis: int, size: int, value=0):
+    """``x`` padded with ``value`` along ``axis`` to ``size``."""
+    if x.shape[axis] == size:
+        return x
+    pad = [(0, 0)] * x.ndim
+    pad[axis] = (0, size - x.shape[axis])
+    return jnp.pad(x, pad, constant_values=value)
+
+
+def along(x, shape: tuple[int, int], axis: int):
+    """A ``[n]`` statistic of the rows (``axis=0``) or the columns (``axis=1``) of a
+    ``[rows, cols]`` tile, broadcast to the tile."""
+    return lax.broadcast_in_dim(x, shape, (axis,))
+
+
+def smem(dtype, *shape):
+    """A shared-memory tile whose last dim (a multiple of 128 bytes) is swizzled for
+    ``wgmma`` and TMA."""
+    tiling = plgpu.TilingTransform((8, 128 // jnp.dtype(dtype).itemsize))
+    return plgpu.SMEM(shape, dtype, transforms=(tiling, plgpu.SwizzleTransform(128)))
+
+
+def iotas(shape: tuple[int, int], row0, col0):
+    """Row and column indices of a ``wgmma``-layout tile whose corner is ``(row0, col0)``."""
+    return tuple(
+        start + plgpu.broadcasted_iota(jnp.int32, shape, axis, layout=plgpu.Layout.WGMMA)
+        for axis, start in ((0, row0), (1, col0))
+    )
+
+
+def _load_takes_index() -> bool:
+    return inspect.signature(plgpu.load).parameters["idx"].default is inspect.Parameter.empty
+
+
+def load_stat(ref, axis: int):
+    """A ``[n]`` float32 vector from shared memory, laid out to broadcast along ``axis`` of
+    a ``wgmma`` tile (`along`): 0 for a statistic of rows, 1 of columns. (jax 0.10 takes
+    the index separately; later versions take the indexed ref and deprecate the index.)"""
+    layout = plgpu.Layout.WGMMA.reduce(1 - axis)
+    if _load_takes_index():
+        return plgpu.load(ref, (), layout=layout)
+    return plgpu.load(ref, layout=layout)
+
+
+class Stream(NamedTuple):
+    """One operand of the ring: ``source(s)`` is the gmem ref view of step ``s``'s tile,
+    copied into ``tiles.at[slot]``; ``ready`` and ``free`` hold a barrier per slot."""
+
+    source: Callable
+    tiles: object
+    ready: object
+    free: object
+
+
+def produce(steps, num_stages: int, streams: Sequence[Stream]):
+    """The producer's loop: fill the ring, then refill each slot with the tiles of step
+    ``s`` once every consumer has freed that slot's tiles of step ``s - num_stages``."""
+
+    def load(s, slot, wait: bool):
+        for stream in streams:
+            if wait:
+                plgpu.barrier_wait(stream.free.at[slot])
+            plgpu.copy_gmem_to_smem(stream.source(s), stream.tiles.at[slot], stream.ready.at[slot])
+
+    for s in range(num_stages):
+        pl.when(s < steps)(functools.partial(load, s, s, False))
+
+    @pl.loop(num_stages, jnp.maximum(steps, num_stages))
+    def _(s):
+        load(s, lax.rem(s, jnp.int32(num_stages)), True)
+
+
+def ring_barriers(num_stages: int, num_streams: int, consumers: int):
+    """The ready barriers and the free barriers of `num_streams` streams."""
+    ready = tuple(plgpu.Barrier(num_barriers=num_stages) for _ in range(num_streams))
+    free = tuple(plgpu.Barrier(num_arrivals=consumers, num_barriers=num_stages) for _ in range(num_streams))
+    return ready, free
+
+
+def launch(kernel, operands, out_type, grid, grid_names, consumers: int, scratch):
+    """Runs ``kernel(*operands, *outputs, scoped)`` on ``grid`` with ``consumers``
+    consumer warpgroups and a producer (the ``"wg"`` axis), ``scoped`` being the
+    shared-memory ``scratch`` (a tuple of `pl.run_scoped`'s arguments)."""
+
+    def entry(*refs):
+        pl.run_scoped(lambda *scoped: kernel(*refs, scoped), *scratch, collective_axes="wg")
+
+    return plgpu.kernel(
+        entry,
+        out_type=out_type,
+        grid=grid,
+        grid_names=grid_names,
+        num_threads=consumers + 1,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(approx_math=True),
+    )(*operands)

@@ -1,0 +1,383 @@
+"""FlashAttention's backward pass as two Pallas Mosaic GPU kernels, for Hopper GPUs.
+
+FlashAttention-2, Algorithm 2, split as FlashAttention-3 (Shah et al. 2024, §3.3) and
+the Triton family (`jaxtile.triton.v2`) split it, so that nothing is accumulated across
+programs (no atomics: bitwise deterministic):
+
+* a dK/dV kernel: one program per (key tile, batch, kv head) holds ``K_j`` and ``V_j``
+  and visits the query tiles that see them (`MaskSpec.q_spans`) of every query head of
+  its group, accumulating ``dV_j += Pᵀ dO_i`` and ``dK_j += dSᵀ Q_i``;
+* a dQ kernel: one program per (query tile, batch, head) visits the key tiles its rows
+  see (`MaskSpec.kv_spans`), accumulating ``dQ_i += dS K_j``.
+
+Each runs two consumer warpgroups (64 rows of the program's tile each, the rows one
+``wgmma`` computes) fed by a producer warpgroup's ring of TMA copies (`_ring`). ``P`` is
+recomputed from the forward's lse (base 2), and ``D = rowsum(dO ∘ O)`` comes in
+precomputed (line 4). Only the spans marked masked pay for ``MaskSpec.visible``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jaxtile import _softmax as sm
+from jaxtile._core import Config, Inputs, Shape
+from jaxtile.mask import MaskSpec, cdiv
+from jaxtile.mosaic import _ring
+from jaxtile.mosaic._ring import SHARED_MEMORY, WGMMA_ROWS, along, pad_to, padded, smem
+
+try:  # Mosaic GPU's Pallas API, as of jax 0.10.2 to 0.12
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+except ImportError:  # pragma: no cover - a jax without it runs the Triton family
+    plgpu = None
+
+_CONSUMERS = 2
+# A consumer's float32 accumulators, in registers per thread (of 128 per warpgroup):
+# dK_j and dV_j of 64 keys at head dim 128 take this many, and leave the scores room.
+_ACCUMULATOR_REGISTERS = 128
+
+
+@dataclasses.dataclass(frozen=True)
+class BackwardTuning:
+    """Launch parameters of the backward kernels.
+
+    block_q: query rows per consumer in the dQ kernel, and per ring tile in dK/dV.
+    block_k: keys per ring tile in the dQ kernel, and per consumer in dK/dV.
+    num_stages: slots of each kernel's ring.
+    """
+
+    block_q: int = 64
+    block_k: int = 64
+    num_stages: int = 2
+
+    def __post_init__(self):
+        for name in ("block_q", "block_k"):
+            block = getattr(self, name)
+            if not isinstance(block, int) or block <= 0 or block % WGMMA_ROWS:
+                raise ValueError(f"{name}={block!r} must be a positive multiple of {WGMMA_ROWS}")
+        if not isinstance(self.num_stages, int) or self.num_stages < 2:
+            raise ValueError(f"num_stages={self.num_stages!r} must be an int >= 2")
+
+    def shared_memory(self, head_dim: int, head_dim_v: int, itemsize: int) -> int:
+        """Bytes of the larger kernel's tiles: its consumers' own rows and its ring."""
+        width = (head_dim + head_dim_v) * itemsize
+        stats = 2 * 4  # L_i and D_i per query row
+        dkdv = _CONSUMERS * self.block_k * width + self.num_stages * self.block_q * (width + stats)
+        dq = _CONSUMERS * self.block_q * (width + stats) + self.num_stages * self.block_k * width
+        return max(dkdv, dq)
+
+    def fits(self, head_dim: int, head_dim_v: int, itemsize: int) -> bool:
+        """Whether both kernels' tiles fit in shared memory and their accumulators
+        (``dK_j``, ``dV_j``; ``dQ_i``) in `_ACCUMULATOR_REGISTERS`."""
+        accumulators = max(self.block_k * (head_dim + head_dim_v), self.block_q * head_dim) // 128
+        return (
+            accumulators <= _ACCUMULATOR_REGISTERS
+            and self.shared_memory(head_dim, head_dim_v, itemsize) <= SHARED_MEMORY
+        )
+
+
+def _scores_grad(p, dp, delta, pre, logits: sm.Logits, visible, axis: int):
+    """Line 14: ``dS = P ∘ (dP - D)`` taken back to ``q·k``; ``axis`` is the one ``D``
+    runs along (0: rows are queries, 1: columns are)."""
+    ds = logits.grad(p * (dp - along(delta, dp.shape, axis)), pre)
+    return ds if visible is None else jnp.where(visible, ds, 0.0)
+
+
+def _accumulate(acc, ds, x):
+    """Lines 15-16: ``acc + dS @ x`` with ``dS`` rounded to ``x``'s dtype for ``wgmma``.
+    In float16, each row of ``dS`` whose magnitude exceeds ``2**15`` is divided down to it
+    first and its product multiplied back (``|dS|`` can exceed float16's 65504 where dQ
+    and dK do not), as the Triton kernels do."""
+    if x.dtype != jnp.float16:
+
+        def product(acc_ref):
+            plgpu.wgmma(acc_ref, ds.astype(x.dtype), x)
+
+        return pl.run_state(product)(plgpu.ACC.init(acc))
+    peak = jnp.max(jnp.abs(ds), axis=1)
+    inv_scale = jnp.where(peak > 2.0**15, 2.0**15 / peak, 1.0)
+
+    def scaled_product(acc_ref):
+        plgpu.wgmma(acc_ref, (ds * along(inv_scale, ds.shape, 0)).astype(x.dtype), x)
+        return acc_ref[...]
+
+    return acc + pl.run_scoped(scaled_product, plgpu.ACC(acc.shape, jnp.float32)) / along(inv_scale, acc.shape, 0)
+
+
+def _dq_kernel(
+    q_ref, k_ref, v_ref, do_ref, lse2_ref, delta_ref, dq_ref, scoped, *, spec: MaskSpec, logits, dims, tuning
+):
+    """Line 15 for one (query tile of ``2 * block_q`` rows, batch, head):
+    ``dQ_i = Σ_j dS_ij K_j``, the producer streaming ``K_j`` and ``V_j``."""
+    (q_smem, do_smem, lse_smem, delta_smem, k_smem, v_smem), (own_ready, ready, free) = scoped
+    bq, bk, stages = tuning.block_q, tuning.block_k, tuning.num_stages
+    rows = _CONSUMERS * bq
+    h, b, wg = lax.axis_index("heads"), lax.axis_index("batch"), lax.axis_index("wg")
+    t = lax.axis_index("q_tiles")
+    if spec.right is not None:  # the heaviest query tiles first
+        t = cdiv(dims.q_len, rows) - 1 - t
+    spans = spec.kv_spans(t, rows, bk)
+    first, steps = spans[0].start, spans[-1].stop - spans[0].start
+    (k_ready, v_ready), (k_free, v_free) = ready, free
+
+    @pl.when(wg < _CONSUMERS)
+    def _consumer():
+        plgpu.set_max_registers(_ring.CONSUMER_REGISTERS, action="increase")
+        row0 = t * rows + wg * bq
+        own = (
+            (q_ref.at[b, pl.ds(row0, bq), h], q_smem.at[wg]),
+            (do_ref.at[b, pl.ds(row0, bq), h], do_smem.at[wg]),
+            (lse2_ref.at[b, h, pl.ds(row0, bq)], lse_smem.at[wg]),
+            (delta_ref.at[b, h, pl.ds(row0, bq)], delta_smem.at[wg]),
+        )
+        for n, (src, dst) in enumerate(own):
+            plgpu.copy_gmem_to_smem(src, dst, own_ready.at[wg * len(own) + n])
+        for n in range(len(own)):
+            plgpu.barrier_wait(own_ready.at[wg * len(own) + n])
+        q_i, do_i = q_smem.at[wg], do_smem.at[wg]
+        lse2, delta = _ring.load_stat(lse_smem.at[wg], 0), _ring.load_stat(delta_smem.at[wg], 0)
+
+        def step(masked: bool, j, dq_i):
+            slot = lax.rem(j - first, jnp.int32(stages))
+            k_j, v_j = k_smem.at[slot], v_smem.at[slot]
+            plgpu.barrier_wait(k_ready.at[slot])
+
+            # Lines 9-11: S_ij = Q_i K_jᵀ, P_ij = exp2(S_ij - L_i).
+            def qk(acc_ref):
+                plgpu.wgmma(acc_ref, q_i, k_j.transpose((1, 0)))
+                return acc_ref[...]
+
+            pre = logits.pre(pl.run_scoped(qk, plgpu.ACC((bq, bk), jnp.float32)))
+            visible = spec.visible(*_ring.iotas((bq, bk), row0, j * bk)) if masked else None
+            p = jnp.exp2(pre * logits.factor - along(lse2, pre.shape, 0))
+            if masked:
+                p = jnp.where(visible, p, 0.0)
+            plgpu.barrier_wait(v_ready.at[slot])
+
+            # Line 13: dP_ij = dO_i V_jᵀ.
+            def dov(acc_ref):
+                plgpu.wgmma(acc_ref, do_i, v_j.transpose((1, 0)))
+                return acc_ref[...]
+
+            dp = pl.run_scoped(dov, plgpu.ACC((bq, bk), jnp.float32))
+            plgpu.barrier_arrive(v_free.at[slot])
+            ds = _scores_grad(p, dp, delta, pre, logits, visible, 0)
+
+            dq_i = _accumulate(dq_i, ds, k_j)  # line 15: dQ_i += dS_ij K_j
+            plgpu.barrier_arrive(k_free.at[slot])
+            return dq_i
+
+        dq_i = plgpu.layout_cast(jnp.zeros((bq, dims.head_dim), jnp.float32), plgpu.Layout.WGMMA)
+        for span in spans:
+            dq_i = lax.fori_loop(span.start, span.stop, functools.partial(step, span.masked), dq_i)
+        q_i[...] = dq_i.astype(dq_ref.dtype)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(q_i, dq_ref.at[b, pl.ds(row0, bq), h])
+        plgpu.wait_smem_to_gmem(0)
+
+    @pl.when(wg == _CONSUMERS)
+    def _producer():
+        plgpu.set_max_registers(_ring.PRODUCER_REGISTERS, action="decrease")
+        h_kv = lax.div(h, jnp.int32(dims.group))
+
+        def source(ref):
+            return lambda s: ref.at[b, pl.ds((first + s) * bk, bk), h_kv]
+
+        _ring.produce(
+            steps,
+            stages,
+            [
+                _ring.Stream(source(k_ref), k_smem, k_ready, k_free),
+                _ring.Stream(source(v_ref), v_smem, v_ready, v_free),
+            ],
+        )
+
+
+def _dkdv_kernel(
+    q_ref, k_ref, v_ref, do_ref, lse2_ref, delta_ref, dk_ref, dv_ref, scoped, *, spec: MaskSpec, logits, dims, tuning
+):
+    """Lines 6-18 for one (key tile of ``2 * block_k`` keys, batch, kv head), transposed,
+    over every query head of the group: the producer streams ``Q_i``, ``dO_i``, ``L_i``
+    and ``D_i`` of each (head, query tile) in turn."""
+    (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem), (own_ready, ready, free) = scoped
+    bq, bk, stages = tuning.block_q, tuning.block_k, tuning.num_stages
+    keys = _CONSUMERS * bk
+    h_kv, b, wg = lax.axis_index("kv_heads"), lax.axis_index("batch"), lax.axis_index("wg")
+    j = lax.axis_index("kv_tiles")
+    spans = spec.q_spans(j, bq, keys)
+    first, per_head = spans[0].start, spans[-1].stop - spans[0].start
+    group = dims.group
+    (q_ready, do_ready, lse_ready, delta_ready), (q_free, do_free, lse_free, delta_free) = ready, free
+
+    @pl.when(wg < _CONSUMERS)
+    def _consumer():
+        plgpu.set_max_registers(_ring.CONSUMER_REGISTERS, action="increase")
+        key0 = j * keys + wg * bk
+        k_j, v_j = k_smem.at[wg], v_smem.at[wg]
+        # Lines 6-7: load K_j, V_j; dK_j = dV_j = 0.
+        plgpu.copy_gmem_to_smem(k_ref.at[b, pl.ds(key0, bk), h_kv], k_j, own_ready.at[2 * wg])
+        plgpu.copy_gmem_to_smem(v_ref.at[b, pl.ds(key0, bk), h_kv], v_j, own_ready.at[2 * wg + 1])
+        plgpu.barrier_wait(own_ready.at[2 * wg])
+        plgpu.barrier_wait(own_ready.at[2 * wg + 1])
+
+        def step(g, masked: bool, i, carry):
+            dk_j, dv_j = carry
+            slot = lax.rem(g * per_head + i - first, jnp.int32(stages))
+            q_i, do_i = q_smem.at[slot], do_smem.at[slot]
+            plgpu.barrier_wait(q_ready.at[slot])
+
+            # Lines 8-11: Sᵀ = K_j Q_iᵀ, Pᵀ = exp2(Sᵀ - L_i).
+            def kq(acc_ref):
+                plgpu.wgmma(acc_ref, k_j, q_i.transpose((1, 0)))
+                return acc_ref[...]
+
+            pre_t = logits.pre(pl.run_scoped(kq, plgpu.ACC((bk, bq), jnp.float32)))
+            plgpu.barrier_wait(lse_ready.at[slot])
+            lse2 = _ring.load_stat(lse_smem.at[slot], 1)
+            plgpu.barrier_arrive(lse_free.at[slot])
+            p_t = jnp.exp2(pre_t * logits.factor - along(lse2, pre_t.shape, 1))
+            visible = None
+            if masked:
+                kv_idx, q_idx = _ring.iotas((bk, bq), key0, i * bq)
+                visible = spec.visible(q_idx, kv_idx)
+                p_t = jnp.where(visible, p_t, 0.0)
+            plgpu.barrier_wait(do_ready.at[slot])
+
+            # Lines 12-13: dV_j += Pᵀ dO_i, dPᵀ = V_j dO_iᵀ (one wait for both products).
+            def dv_dp(refs):
+                dv_ref_, dp_ref = refs
+                plgpu.wgmma(dv_ref_, p_t.astype(q_ref.dtype), do_i)
+                plgpu.wgmma(dp_ref, v_j, do_i.transpose((1, 0)))
+
+            zeros = plgpu.layout_cast(jnp.zeros((bk, bq), jnp.float32), plgpu.Layout.WGMMA)
+            dv_j, dp_t = pl.run_state(dv_dp)((plgpu.ACC.init(dv_j), plgpu.ACC.init(zeros)))
+            plgpu.barrier_arrive(do_free.at[slot])
+            plgpu.barrier_wait(delta_ready.at[slot])
+            delta = _ring.load_stat(delta_smem.at[slot], 1)
+            plgpu.barrier_arrive(delta_free.at[slot])
+            ds_t = _scores_grad(p_t, dp_t, delta, pre_t, logits, visible, 1)
+
+            dk_j = _accumulate(dk_j, ds_t, q_i)  # line 16: dK_j += dSᵀ Q_i
+            plgpu.barrier_arrive(q_free.at[slot])
+            return dk_j, dv_j
+
+        def one_head(g, carry):
+            for span in spans:
+                carry = lax.fori_loop(span.start, span.stop, functools.partial(step, g, span.masked), carry)
+            return carry
+
+        zeros = (
+            plgpu.layout_cast(jnp.zeros((bk, dims.head_dim), jnp.float32), plgpu.Layout.WGMMA),
+            plgpu.layout_cast(jnp.zeros((bk, dims.head_dim_v), jnp.float32), plgpu.Layout.WGMMA),
+        )
+        dk_j, dv_j = lax.fori_loop(jnp.int32(0), jnp.int32(group), one_head, zeros)
+        # Line 18: write dK_j, dV_j through the tiles of K_j, V_j.
+        k_j[...] = dk_j.astype(dk_ref.dtype)
+        v_j[...] = dv_j.astype(dv_ref.dtype)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(k_j, dk_ref.at[b, pl.ds(key0, bk), h_kv])
+        plgpu.copy_smem_to_gmem(v_j, dv_ref.at[b, pl.ds(key0, bk), h_kv])
+        plgpu.wait_smem_to_gmem(0)
+
+    @pl.when(wg == _CONSUMERS)
+    def _producer():
+        plgpu.set_max_registers(_ring.PRODUCER_REGISTERS, action="decrease")
+
+        def head_and_rows(s):
+            s = jnp.asarray(s, jnp.int32)
+            g = lax.div(s, jnp.int32(per_head))
+            return h_kv * group + g, pl.ds((first + s - g * per_head) * bq, bq)
+
+        def rows_of(ref):
+            def source(s):
+                h, rows = head_and_rows(s)
+                return ref.at[b, rows, h]
+
+            return source
+
+        def stat_of(ref):
+            def source(s):
+                h, rows = head_and_rows(s)
+                return ref.at[b, h, rows]
+
+            return source
+
+        sources = (rows_of(q_ref), rows_of(do_ref), stat_of(lse2_ref), stat_of(delta_ref))
+        tiles = (q_smem, do_smem, lse_smem, delta_smem)
+        _ring.produce(group * per_head, stages, [_ring.Stream(*s) for s in zip(sources, tiles, ready, free)])
+
+
+def backward_pass(inputs: Inputs, out, lse, dout, dlse, config: Config, tuning: BackwardTuning):
+    """``(dq, dk, dv)`` of the structured call, from the forward's ``out`` and natural-log
+    ``lse [batch, heads, q_len]`` and the cotangents of both. Head dims are zero-padded to
+    multiples of 64 and sequences to the tiles; padded rows get an lse of ``+inf`` (no
+    probability) and padded keys are masked."""
+    dims = Shape.of(inputs.q, inputs.k, inputs.v)
+    head_dim, head_dim_v = padded(dims.head_dim, WGMMA_ROWS), padded(dims.head_dim_v, WGMMA_ROWS)
+    bq, bk, stages = tuning.block_q, tuning.block_k, tuning.num_stages
+    q_len = padded(dims.q_len, _CONSUMERS * bq)
+    kv_len = padded(dims.kv_len, _CONSUMERS * bk)
+    # Line 4: D_i = rowsum(dO_i ∘ O_i), less the lse's cotangent; L_i in base 2.
+    delta = jnp.einsum("bthd,bthd->bht", dout.astype(jnp.float32), out.astype(jnp.float32)) - dlse
+    lse2 = pad_to(sm.lse_base2(lse), 2, q_len, jnp.inf)
+    delta = pad_to(delta, 2, q_len)
+    q = pad_to(pad_to(inputs.q, 3, head_dim), 1, q_len)
+    do = pad_to(pad_to(dout, 3, head_dim_v), 1, q_len)
+    k = pad_to(pad_to(inputs.k, 3, head_dim), 1, kv_len)
+    v = pad_to(pad_to(inputs.v, 3, head_dim_v), 1, kv_len)
+    dims_p = dataclasses.replace(dims, q_len=q_len, kv_len=kv_len, head_dim=head_dim, head_dim_v=head_dim_v)
+    statics = dict(spec=config.mask, logits=config.logits, dims=dims_p, tuning=tuning)
+    dtype, operands = q.dtype, (q, k, v, do, lse2, delta)
+
+    def own_tiles(rows):  # each consumer's tiles of its rows: 2 dims (or heads), 2 stats
+        return (smem(dtype, _CONSUMERS, rows, head_dim), smem(dtype, _CONSUMERS, rows, head_dim_v))
+
+    dk, dv = _ring.launch(
+        functools.partial(_dkdv_kernel, **statics),
+        operands,
+        (jax.ShapeDtypeStruct(k.shape, dtype), jax.ShapeDtypeStruct(v.shape, dtype)),
+        (kv_len // (_CONSUMERS * bk), dims.batch, dims.num_kv_heads),
+        ("kv_tiles", "batch", "kv_heads"),
+        _CONSUMERS,
+        (
+            (
+                *own_tiles(bk),
+                smem(dtype, stages, bq, head_dim),
+                smem(dtype, stages, bq, head_dim_v),
+                plgpu.SMEM((stages, bq), jnp.float32),
+                plgpu.SMEM((stages, bq), jnp.float32),
+            ),
+            (plgpu.Barrier(num_barriers=2 * _CONSUMERS), *_ring.ring_barriers(stages, 4, _CONSUMERS)),
+        ),
+    )
+    (dq,) = _ring.launch(
+        functools.partial(_dq_kernel, **statics),
+        operands,
+        (jax.ShapeDtypeStruct(q.shape, dtype),),
+        (dims.num_heads, q_len // (_CONSUMERS * bq), dims.batch),
+        ("heads", "q_tiles", "batch"),
+        _CONSUMERS,
+        (
+            (
+                *own_tiles(bq),
+                plgpu.SMEM((_CONSUMERS, bq), jnp.float32),
+                plgpu.SMEM((_CONSUMERS, bq), jnp.float32),
+                smem(dtype, stages, bk, head_dim),
+                smem(dtype, stages, bk, head_dim_v),
+            ),
+            (plgpu.Barrier(num_barriers=4 * _CONSUMERS), *_ring.ring_barriers(stages, 2, _CONSUMERS)),
+        ),
+    )
+    crop = (slice(None), slice(None, dims.q_len), slice(None))
+    keys = (slice(None), slice(None, dims.kv_len), slice(None))
+    return (
+        dq[(*crop, slice(None, dims.head_dim))],
+        dk[(*keys, slice(None, dims.head_dim))],
+        dv[(*keys, slice(None, dims.head_dim_v))],
+    )
