@@ -89,25 +89,42 @@ def _scores_grad(p, dp, delta, pre, logits: sm.Logits, visible, axis: int):
     return ds if visible is None else jnp.where(visible, ds, 0.0)
 
 
-def _accumulate(acc, ds, x):
-    """Lines 15-16: ``acc + dS @ x`` with ``dS`` rounded to ``x``'s dtype for ``wgmma``.
-    In float16, each row of ``dS`` whose magnitude exceeds ``2**15`` is divided down to it
-    first and its product multiplied back (``|dS|`` can exceed float16's 65504 where dQ
+def _products(*products):
+    """``acc + a @ b`` for each ``(acc, a, b)`` (``acc`` None: from zero), issued as one
+    group of ``wgmma``s that is waited for once."""
+
+    def issue(refs):
+        for ref, (_, a, b) in zip(refs, products):
+            plgpu.wgmma(ref, a, b)
+
+    accs = []
+    for acc, a, b in products:
+        if acc is None:
+            acc = plgpu.layout_cast(jnp.zeros((a.shape[0], b.shape[1]), jnp.float32), plgpu.Layout.WGMMA)
+        accs.append(plgpu.ACC.init(acc))
+    return pl.run_state(issue)(tuple(accs))
+
+
+def _rounded(ds, dtype):
+    """``dS`` rounded to ``dtype`` for ``wgmma`` (lines 15-16), and the factor per row its
+    product must be divided by (None: 1). In float16, each row whose magnitude exceeds
+    ``2**15`` is divided down to it first (``|dS|`` can exceed float16's 65504 where dQ
     and dK do not), as the Triton kernels do."""
-    if x.dtype != jnp.float16:
-
-        def product(acc_ref):
-            plgpu.wgmma(acc_ref, ds.astype(x.dtype), x)
-
-        return pl.run_state(product)(plgpu.ACC.init(acc))
+    if dtype != jnp.float16:
+        return ds.astype(dtype), None
     peak = jnp.max(jnp.abs(ds), axis=1)
     inv_scale = jnp.where(peak > 2.0**15, 2.0**15 / peak, 1.0)
+    return (ds * along(inv_scale, ds.shape, 0)).astype(dtype), inv_scale
 
-    def scaled_product(acc_ref):
-        plgpu.wgmma(acc_ref, (ds * along(inv_scale, ds.shape, 0)).astype(x.dtype), x)
-        return acc_ref[...]
 
-    return acc + pl.run_scoped(scaled_product, plgpu.ACC(acc.shape, jnp.float32)) / along(inv_scale, acc.shape, 0)
+def _accumulator(acc, inv_scale):
+    """What `_products` accumulates ``dS @ x`` into: ``acc`` itself, or with a scaled
+    ``dS`` a fresh one (`_unscaled` adds it)."""
+    return acc if inv_scale is None else None
+
+
+def _unscaled(acc, product, inv_scale):
+    return product if inv_scale is None else acc + product / along(inv_scale, product.shape, 0)
 
 
 def _dq_kernel(
@@ -147,31 +164,20 @@ def _dq_kernel(
             slot = lax.rem(j - first, jnp.int32(stages))
             k_j, v_j = k_smem.at[slot], v_smem.at[slot]
             plgpu.barrier_wait(k_ready.at[slot])
-
-            # Lines 9-11: S_ij = Q_i K_jᵀ, P_ij = exp2(S_ij - L_i).
-            def qk(acc_ref):
-                plgpu.wgmma(acc_ref, q_i, k_j.transpose((1, 0)))
-                return acc_ref[...]
-
-            pre = logits.pre(pl.run_scoped(qk, plgpu.ACC((bq, bk), jnp.float32)))
+            plgpu.barrier_wait(v_ready.at[slot])
+            # Lines 9-13: S_ij = Q_i K_jᵀ, dP_ij = dO_i V_jᵀ; P_ij = exp2(S_ij - L_i).
+            scores, dp = _products((None, q_i, k_j.transpose((1, 0))), (None, do_i, v_j.transpose((1, 0))))
+            plgpu.barrier_arrive(v_free.at[slot])
+            pre = logits.pre(scores)
             visible = spec.visible(*_ring.iotas((bq, bk), row0, j * bk)) if masked else None
             p = jnp.exp2(pre * logits.factor - along(lse2, pre.shape, 0))
             if masked:
                 p = jnp.where(visible, p, 0.0)
-            plgpu.barrier_wait(v_ready.at[slot])
-
-            # Line 13: dP_ij = dO_i V_jᵀ.
-            def dov(acc_ref):
-                plgpu.wgmma(acc_ref, do_i, v_j.transpose((1, 0)))
-                return acc_ref[...]
-
-            dp = pl.run_scoped(dov, plgpu.ACC((bq, bk), jnp.float32))
-            plgpu.barrier_arrive(v_free.at[slot])
-            ds = _scores_grad(p, dp, delta, pre, logits, visible, 0)
-
-            dq_i = _accumulate(dq_i, ds, k_j)  # line 15: dQ_i += dS_ij K_j
+            ds, inv_scale = _rounded(_scores_grad(p, dp, delta, pre, logits, visible, 0), k_ref.dtype)
+            # Line 15: dQ_i += dS_ij K_j.
+            (product,) = _products((_accumulator(dq_i, inv_scale), ds, k_j))
             plgpu.barrier_arrive(k_free.at[slot])
-            return dq_i
+            return _unscaled(dq_i, product, inv_scale)
 
         dq_i = plgpu.layout_cast(jnp.zeros((bq, dims.head_dim), jnp.float32), plgpu.Layout.WGMMA)
         for span in spans:
@@ -231,13 +237,10 @@ def _dkdv_kernel(
             slot = lax.rem(g * per_head + i - first, jnp.int32(stages))
             q_i, do_i = q_smem.at[slot], do_smem.at[slot]
             plgpu.barrier_wait(q_ready.at[slot])
-
-            # Lines 8-11: Sᵀ = K_j Q_iᵀ, Pᵀ = exp2(Sᵀ - L_i).
-            def kq(acc_ref):
-                plgpu.wgmma(acc_ref, k_j, q_i.transpose((1, 0)))
-                return acc_ref[...]
-
-            pre_t = logits.pre(pl.run_scoped(kq, plgpu.ACC((bk, bq), jnp.float32)))
+            plgpu.barrier_wait(do_ready.at[slot])
+            # Lines 8-13, transposed: Sᵀ = K_j Q_iᵀ, dPᵀ = V_j dO_iᵀ; Pᵀ = exp2(Sᵀ - L_i).
+            scores_t, dp_t = _products((None, k_j, q_i.transpose((1, 0))), (None, v_j, do_i.transpose((1, 0))))
+            pre_t = logits.pre(scores_t)
             plgpu.barrier_wait(lse_ready.at[slot])
             lse2 = _ring.load_stat(lse_smem.at[slot], 1)
             plgpu.barrier_arrive(lse_free.at[slot])
@@ -247,25 +250,15 @@ def _dkdv_kernel(
                 kv_idx, q_idx = _ring.iotas((bk, bq), key0, i * bq)
                 visible = spec.visible(q_idx, kv_idx)
                 p_t = jnp.where(visible, p_t, 0.0)
-            plgpu.barrier_wait(do_ready.at[slot])
-
-            # Lines 12-13: dV_j += Pᵀ dO_i, dPᵀ = V_j dO_iᵀ (one wait for both products).
-            def dv_dp(refs):
-                dv_ref_, dp_ref = refs
-                plgpu.wgmma(dv_ref_, p_t.astype(q_ref.dtype), do_i)
-                plgpu.wgmma(dp_ref, v_j, do_i.transpose((1, 0)))
-
-            zeros = plgpu.layout_cast(jnp.zeros((bk, bq), jnp.float32), plgpu.Layout.WGMMA)
-            dv_j, dp_t = pl.run_state(dv_dp)((plgpu.ACC.init(dv_j), plgpu.ACC.init(zeros)))
-            plgpu.barrier_arrive(do_free.at[slot])
             plgpu.barrier_wait(delta_ready.at[slot])
             delta = _ring.load_stat(delta_smem.at[slot], 1)
             plgpu.barrier_arrive(delta_free.at[slot])
-            ds_t = _scores_grad(p_t, dp_t, delta, pre_t, logits, visible, 1)
-
-            dk_j = _accumulate(dk_j, ds_t, q_i)  # line 16: dK_j += dSᵀ Q_i
+            ds_t, inv_scale = _rounded(_scores_grad(p_t, dp_t, delta, pre_t, logits, visible, 1), q_ref.dtype)
+            # Lines 12 and 16: dV_j += Pᵀ dO_i, dK_j += dSᵀ Q_i.
+            dv_j, product = _products((dv_j, p_t.astype(q_ref.dtype), do_i), (_accumulator(dk_j, inv_scale), ds_t, q_i))
+            plgpu.barrier_arrive(do_free.at[slot])
             plgpu.barrier_arrive(q_free.at[slot])
-            return dk_j, dv_j
+            return _unscaled(dk_j, product, inv_scale), dv_j
 
         def one_head(g, carry):
             for span in spans:
