@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import pytest
 
 from jaxtile import registry
-from jaxtile._core import Config, Inputs
+from jaxtile._core import Config, Inputs, Shape
 from jaxtile._softmax import Logits
 from jaxtile.mask import MaskSpec
 from jaxtile.mosaic import _ring, v3
@@ -91,6 +91,21 @@ def test_the_backward_takes_the_triton_kernels_where_its_tiles_do_not_fit(monkey
     assert not mosaic_backward.BackwardTuning(block_k=128).fits(128, 128, 2)
     with pytest.raises(ValueError, match=r"block_k=96 must be a positive multiple of 64"):
         mosaic_backward.BackwardTuning(block_k=96)
+
+
+def test_the_dkdv_kernel_shares_a_kv_heads_query_heads_when_programs_are_few():
+    """MQA's one kv head would leave most SMs idle: its query heads are split into shares
+    (powers of two dividing the group) until the kernel has `_MIN_PROGRAMS` programs."""
+
+    def splits(heads, kv_heads, kv_len, batch=1):
+        inputs, _ = _call((batch, kv_len, heads, 128), kv_len, kv_heads, 128, True, None, None, jnp.bfloat16)
+        dims = Shape.of(*inputs[:3])
+        return mosaic_backward._group_splits(dims, kv_len // 128)
+
+    assert splits(16, 1, 8192, batch=2) == 8  # 128 programs; 4 shares would give 512
+    assert splits(32, 8, 8192, batch=2) == 1  # 1024 programs
+    assert splits(8, 2, 1024) == 4  # 16 programs: as far as the group of 4 goes
+    assert splits(12, 4, 1024) == 1  # a group of 3 has no power-of-two share
 
 
 def test_it_is_the_default_on_hopper_for_the_calls_it_supports(monkeypatch):

@@ -41,6 +41,9 @@ _CONSUMERS = 2
 # A consumer's float32 accumulators, in registers per thread (of 128 per warpgroup):
 # dK_j and dV_j of 64 keys at head dim 128 take this many, and leave the scores room.
 _ACCUMULATOR_REGISTERS = 128
+# The dK/dV kernel splits a kv head's query heads over programs below this many programs
+# (four per SM of an H100: one runs per SM at a time, and causal masks make them uneven).
+_MIN_PROGRAMS = 528
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,10 +68,12 @@ class BackwardTuning:
             raise ValueError(f"num_stages={self.num_stages!r} must be an int >= 2")
 
     def shared_memory(self, head_dim: int, head_dim_v: int, itemsize: int) -> int:
-        """Bytes of the larger kernel's tiles: its consumers' own rows and its ring."""
+        """Bytes of the larger kernel's tiles: its consumers' own rows (in dK/dV, or the
+        float32 parts of dK, dV they become) and its ring."""
         width = (head_dim + head_dim_v) * itemsize
         stats = 2 * 4  # L_i and D_i per query row
-        dkdv = _CONSUMERS * self.block_k * width + self.num_stages * self.block_q * (width + stats)
+        own_keys = _CONSUMERS * self.block_k * (head_dim + head_dim_v) * max(itemsize, 4)
+        dkdv = own_keys + self.num_stages * self.block_q * (width + stats)
         dq = _CONSUMERS * self.block_q * (width + stats) + self.num_stages * self.block_k * width
         return max(dkdv, dq)
 
@@ -206,19 +211,36 @@ def _dq_kernel(
 
 
 def _dkdv_kernel(
-    q_ref, k_ref, v_ref, do_ref, lse2_ref, delta_ref, dk_ref, dv_ref, scoped, *, spec: MaskSpec, logits, dims, tuning
+    q_ref,
+    k_ref,
+    v_ref,
+    do_ref,
+    lse2_ref,
+    delta_ref,
+    dk_ref,
+    dv_ref,
+    scoped,
+    *,
+    spec: MaskSpec,
+    logits,
+    dims,
+    tuning,
+    splits: int,
 ):
-    """Lines 6-18 for one (key tile of ``2 * block_k`` keys, batch, kv head), transposed,
-    over every query head of the group: the producer streams ``Q_i``, ``dO_i``, ``L_i``
-    and ``D_i`` of each (head, query tile) in turn."""
-    (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem), (own_ready, ready, free) = scoped
+    """Lines 6-18 for one (key tile of ``2 * block_k`` keys, batch, kv head, share of its
+    query heads), transposed: the producer streams ``Q_i``, ``dO_i``, ``L_i`` and ``D_i``
+    of each (head of the share, query tile) in turn. With several shares, each writes its
+    float32 part of dK_j, dV_j through tiles that reuse the memory of K_j, V_j."""
+    (own, q_smem, do_smem, lse_smem, delta_smem), (own_ready, consumed, ready, free) = scoped
+    (k_smem, v_smem), (dk_smem, dv_smem) = own if splits > 1 else (own, own)
     bq, bk, stages = tuning.block_q, tuning.block_k, tuning.num_stages
     keys = _CONSUMERS * bk
-    h_kv, b, wg = lax.axis_index("kv_heads"), lax.axis_index("batch"), lax.axis_index("wg")
+    share, b, wg = lax.axis_index("shares"), lax.axis_index("batch"), lax.axis_index("wg")
+    h_kv = lax.div(share, jnp.int32(splits))
     j = lax.axis_index("kv_tiles")
     spans = spec.q_spans(j, bq, keys)
     first, per_head = spans[0].start, spans[-1].stop - spans[0].start
-    group = dims.group
+    group = dims.group // splits
     (q_ready, do_ready, lse_ready, delta_ready), (q_free, do_free, lse_free, delta_free) = ready, free
 
     @pl.when(wg < _CONSUMERS)
@@ -270,12 +292,15 @@ def _dkdv_kernel(
             plgpu.layout_cast(jnp.zeros((bk, dims.head_dim_v), jnp.float32), plgpu.Layout.WGMMA),
         )
         dk_j, dv_j = lax.fori_loop(jnp.int32(0), jnp.int32(group), one_head, zeros)
-        # Line 18: write dK_j, dV_j through the tiles of K_j, V_j.
-        k_j[...] = dk_j.astype(dk_ref.dtype)
-        v_j[...] = dv_j.astype(dv_ref.dtype)
+        # Line 18: write dK_j, dV_j (this share's part) once neither consumer reads K, V.
+        plgpu.barrier_arrive(consumed)
+        plgpu.barrier_wait(consumed)
+        dk_out, dv_out = dk_smem.at[wg], dv_smem.at[wg]
+        dk_out[...] = dk_j.astype(dk_ref.dtype)
+        dv_out[...] = dv_j.astype(dv_ref.dtype)
         plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(k_j, dk_ref.at[b, pl.ds(key0, bk), h_kv])
-        plgpu.copy_smem_to_gmem(v_j, dv_ref.at[b, pl.ds(key0, bk), h_kv])
+        plgpu.copy_smem_to_gmem(dk_out, dk_ref.at[b, pl.ds(key0, bk), share])
+        plgpu.copy_smem_to_gmem(dv_out, dv_ref.at[b, pl.ds(key0, bk), share])
         plgpu.wait_smem_to_gmem(0)
 
     @pl.when(wg == _CONSUMERS)
@@ -285,7 +310,7 @@ def _dkdv_kernel(
         def head_and_rows(s):
             s = jnp.asarray(s, jnp.int32)
             g = lax.div(s, jnp.int32(per_head))
-            return h_kv * group + g, pl.ds((first + s - g * per_head) * bq, bq)
+            return share * group + g, pl.ds((first + s - g * per_head) * bq, bq)
 
         def rows_of(ref):
             def source(s):
@@ -304,6 +329,17 @@ def _dkdv_kernel(
         sources = (rows_of(q_ref), rows_of(do_ref), stat_of(lse2_ref), stat_of(delta_ref))
         tiles = (q_smem, do_smem, lse_smem, delta_smem)
         _ring.produce(group * per_head, stages, [_ring.Stream(*s) for s in zip(sources, tiles, ready, free)])
+
+
+def _group_splits(dims: Shape, kv_tiles: int) -> int:
+    """Shares of a kv head's query heads in the dK/dV kernel (each summing dK, dV over its
+    share): the fewest, a power of two dividing the group, that give `_MIN_PROGRAMS`
+    programs, so that MQA's few kv heads still fill the GPU."""
+    programs = kv_tiles * dims.batch * dims.num_kv_heads
+    splits = 1
+    while dims.group % (2 * splits) == 0 and programs * splits < _MIN_PROGRAMS:
+        splits *= 2
+    return splits
 
 
 def backward_pass(inputs: Inputs, out, lse, dout, dlse, config: Config, tuning: BackwardTuning):
@@ -331,24 +367,41 @@ def backward_pass(inputs: Inputs, out, lse, dout, dlse, config: Config, tuning: 
     def own_tiles(rows):  # each consumer's tiles of its rows: 2 dims (or heads), 2 stats
         return (smem(dtype, _CONSUMERS, rows, head_dim), smem(dtype, _CONSUMERS, rows, head_dim_v))
 
+    splits = _group_splits(dims, kv_len // (_CONSUMERS * bk))
+    shares = dims.num_kv_heads * splits
+    own = own_tiles(bk)
+    if splits > 1:  # float32 parts of dK, dV, summed below in a fixed order (deterministic)
+        own = plgpu.RefUnion(
+            own, (smem(jnp.float32, _CONSUMERS, bk, head_dim), smem(jnp.float32, _CONSUMERS, bk, head_dim_v))
+        )
+    part = jnp.float32 if splits > 1 else dtype
     dk, dv = _ring.launch(
-        functools.partial(_dkdv_kernel, **statics),
+        functools.partial(_dkdv_kernel, splits=splits, **statics),
         operands,
-        (jax.ShapeDtypeStruct(k.shape, dtype), jax.ShapeDtypeStruct(v.shape, dtype)),
-        (kv_len // (_CONSUMERS * bk), dims.batch, dims.num_kv_heads),
-        ("kv_tiles", "batch", "kv_heads"),
+        tuple(jax.ShapeDtypeStruct((dims.batch, kv_len, shares, x.shape[-1]), part) for x in (k, v)),
+        (kv_len // (_CONSUMERS * bk), dims.batch, shares),
+        ("kv_tiles", "batch", "shares"),
         _CONSUMERS,
         (
             (
-                *own_tiles(bk),
+                own,
                 smem(dtype, stages, bq, head_dim),
                 smem(dtype, stages, bq, head_dim_v),
                 plgpu.SMEM((stages, bq), jnp.float32),
                 plgpu.SMEM((stages, bq), jnp.float32),
             ),
-            (plgpu.Barrier(num_barriers=2 * _CONSUMERS), *_ring.ring_barriers(stages, 4, _CONSUMERS)),
+            (
+                plgpu.Barrier(num_barriers=2 * _CONSUMERS),
+                plgpu.Barrier(num_arrivals=_CONSUMERS),
+                *_ring.ring_barriers(stages, 4, _CONSUMERS),
+            ),
         ),
     )
+    if splits > 1:
+        dk, dv = (
+            jnp.sum(x.reshape(*x.shape[:2], dims.num_kv_heads, splits, x.shape[-1]), axis=3).astype(dtype)
+            for x in (dk, dv)
+        )
     (dq,) = _ring.launch(
         functools.partial(_dq_kernel, **statics),
         operands,
