@@ -9,6 +9,7 @@ a "free" barrier (one arrival per consumer) says every consumer is done with it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from collections.abc import Callable, Sequence
@@ -17,6 +18,7 @@ from typing import NamedTuple
 import jax.numpy as jnp
 from jax import lax
 
+from jaxtile._core import Shape
 from jaxtile.mask import cdiv
 
 try:  # Mosaic GPU's Pallas API, as of jax 0.10.2 to 0.12
@@ -47,6 +49,16 @@ def pad_to(x, axis: int, size: int, value=0):
     pad = [(0, 0)] * x.ndim
     pad[axis] = (0, size - x.shape[axis])
     return jnp.pad(x, pad, constant_values=value)
+
+
+def padded_copies(shape: Shape, q_len: int, kv_len: int, head_dim: int, head_dim_v: int) -> int:
+    """Bytes of zero-padded copies of the queries, keys and values at these sizes and of
+    the padded results like them (the output; or dO and the gradients), 0 where nothing
+    is padded (`jaxtile.analysis`'s model)."""
+    if (q_len, kv_len, head_dim, head_dim_v) == (shape.q_len, shape.kv_len, shape.head_dim, shape.head_dim_v):
+        return 0
+    big = dataclasses.replace(shape, q_len=q_len, kv_len=kv_len, head_dim=head_dim, head_dim_v=head_dim_v)
+    return 2 * (big.q_bytes(head_dim) + big.q_bytes(head_dim_v) + big.kv_bytes(head_dim) + big.kv_bytes(head_dim_v))
 
 
 def along(x, shape: tuple[int, int], axis: int):

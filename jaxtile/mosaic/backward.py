@@ -342,6 +342,22 @@ def _group_splits(dims: Shape, kv_tiles: int) -> int:
     return splits
 
 
+def backward_temporaries(shape: Shape, tuning: BackwardTuning) -> int:
+    """Bytes `backward_pass` holds besides its inputs and results: D and the base-2 lse (a
+    float32 row each), zero-padded copies of the operands and gradients where the
+    sequences or head dims are not multiples of the tiles, and with shares of the query
+    heads (`_group_splits`) the float32 parts of dK and dV."""
+    head_dim, head_dim_v = padded(shape.head_dim, WGMMA_ROWS), padded(shape.head_dim_v, WGMMA_ROWS)
+    q_len = padded(shape.q_len, _CONSUMERS * tuning.block_q)
+    kv_len = padded(shape.kv_len, _CONSUMERS * tuning.block_k)
+    rows = 2 * shape.batch * shape.num_heads * q_len * 4
+    copies = _ring.padded_copies(shape, q_len, kv_len, head_dim, head_dim_v)
+    big = dataclasses.replace(shape, kv_len=kv_len, head_dim=head_dim, head_dim_v=head_dim_v)
+    splits = _group_splits(big, kv_len // (_CONSUMERS * tuning.block_k))
+    parts = 0 if splits == 1 else splits * (big.kv_bytes(head_dim, 4) + big.kv_bytes(head_dim_v, 4))
+    return rows + copies + parts
+
+
 def backward_pass(inputs: Inputs, out, lse, dout, dlse, config: Config, tuning: BackwardTuning):
     """``(dq, dk, dv)`` of the structured call, from the forward's ``out`` and natural-log
     ``lse [batch, heads, q_len]`` and the cotangents of both. Head dims are zero-padded to

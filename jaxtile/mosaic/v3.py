@@ -37,7 +37,7 @@ from jaxtile._core import AUTOTUNE, Config, Inputs, Shape
 from jaxtile.mask import MaskSpec, cdiv
 from jaxtile.mosaic import _ring
 from jaxtile.mosaic._ring import SHARED_MEMORY, WGMMA_ROWS, along, pad_to, padded, smem
-from jaxtile.mosaic.backward import BackwardTuning, backward_pass
+from jaxtile.mosaic.backward import BackwardTuning, backward_pass, backward_temporaries
 from jaxtile.triton import v2 as triton_v2
 
 try:  # Mosaic GPU's Pallas API, as of jax 0.10.2 to 0.12
@@ -297,6 +297,26 @@ def forward_pass(inputs: Inputs, config: Config):
     return out[:, : dims.q_len, :, : dims.head_dim_v], lse[:, :, : dims.q_len]
 
 
+def _memory(shape: Shape, block_q: int | None, block_k: int | None, backward: bool) -> tuple[int, int]:
+    """Residuals (the output and lse) and temporaries: padded copies (`_ring.padded_copies`),
+    and in the backward pass the rows of D and the base-2 lse and, with shares of the
+    query heads (`jaxtile.mosaic.backward`), the float32 parts of dK and dV. Head dims
+    past 128 take the Triton family's backward, and its model."""
+    head_dim, head_dim_v = padded(shape.head_dim, WGMMA_ROWS), padded(shape.head_dim_v, WGMMA_ROWS)
+    tuning = default_tuning(head_dim, head_dim_v, shape.itemsize)
+    blocks = {name: padded(b, WGMMA_ROWS) for name, b in (("block_q", block_q), ("block_k", block_k)) if b is not None}
+    tuning = dataclasses.replace(tuning, **blocks).fit(head_dim, head_dim_v, shape.itemsize)
+    q_len = padded(shape.q_len, _CONSUMERS * tuning.block_q)
+    forward = _ring.padded_copies(shape, q_len, padded(shape.kv_len, tuning.block_k), head_dim, head_dim_v)
+    if not backward:
+        return 0, forward
+    if not tuning.backward.fits(head_dim, head_dim_v, shape.itemsize):
+        residuals, temporaries = triton_v2.IMPLEMENTATION.memory(shape, None, None, True)
+        return residuals, max(forward, temporaries)
+    residuals = shape.q_bytes(shape.head_dim_v) + shape.batch * shape.num_heads * shape.q_len * 4
+    return residuals, max(forward, backward_temporaries(shape, tuning.backward))
+
+
 def _forward(inputs: Inputs, config: Config):
     out, lse = forward_pass(inputs, config)
     return out, lse, lse
@@ -321,7 +341,7 @@ IMPLEMENTATION = registry.register(
         algorithm="FlashAttention-3",
         forward=_forward,
         backward=_backward,
-        memory=triton_v2.IMPLEMENTATION.memory,
+        memory=_memory,
         platforms=frozenset({"gpu"}),
         requires=_requires,
         dtypes=frozenset({"bfloat16", "float16"}),
