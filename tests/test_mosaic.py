@@ -77,15 +77,15 @@ def test_the_backward_kernels_lower_for_cuda(name):
 
 def test_the_backward_takes_the_triton_kernels_where_its_tiles_do_not_fit(monkeypatch):
     """Head dims past 128 (dK_j and dV_j would not fit in a consumer's registers) go to
-    the Triton family's backward, with the call's tuning dropped (it is Mosaic's)."""
+    the Triton family's backward, with the call's tuning dropped where it is Mosaic's."""
     calls = []
     monkeypatch.setattr(v3, "backward_pass", lambda *args: calls.append("mosaic") or (None,) * 3)
     triton = types.SimpleNamespace(backward=lambda *args: calls.append(("triton", args[-1].tuning)) or (None,) * 4)
     monkeypatch.setattr(v3, "triton_v2", types.SimpleNamespace(IMPLEMENTATION=triton))
-    for name in ("causal", "d256_causal"):
-        inputs, config = _call(*CALLS[name], tuning=v3.Tuning())
+    for name, tuning in (("causal", v3.Tuning()), ("d256_causal", v3.Tuning()), ("d256_causal", "autotune")):
+        inputs, config = _call(*CALLS[name], tuning=tuning)
         v3._backward(inputs, None, None, None, None, config)
-    assert calls == ["mosaic", ("triton", None)]
+    assert calls == ["mosaic", ("triton", None), ("triton", "autotune")]
     assert mosaic_backward.BackwardTuning().fits(128, 128, 2)
     assert not mosaic_backward.BackwardTuning().fits(256, 256, 2)
     assert not mosaic_backward.BackwardTuning(block_k=128).fits(128, 128, 2)

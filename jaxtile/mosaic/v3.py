@@ -33,7 +33,7 @@ from jax import lax
 
 from jaxtile import _softmax as sm
 from jaxtile import registry
-from jaxtile._core import AUTOTUNE, Config, Inputs, Shape
+from jaxtile._core import Config, Inputs, Shape
 from jaxtile.mask import MaskSpec, cdiv
 from jaxtile.mosaic import _ring
 from jaxtile.mosaic._ring import SHARED_MEMORY, WGMMA_ROWS, along, pad_to, padded, smem
@@ -324,11 +324,13 @@ def _forward(inputs: Inputs, config: Config):
 
 def _backward(inputs: Inputs, out, lse, dout, dlse, config: Config):
     """The Mosaic backward kernels where their tiles fit (`BackwardTuning.fits`: head dims
-    up to 128), else the Triton family's; ``(dq, dk, dv, None)``."""
+    up to 128), else the Triton family's (with its own tuning, or ``"autotune"``, when the
+    call names one); ``(dq, dk, dv, None)``."""
     dims = Shape.of(inputs.q, inputs.k, inputs.v)
     tuning = config.tuning.backward if isinstance(config.tuning, Tuning) else BackwardTuning()
     if not tuning.fits(padded(dims.head_dim, WGMMA_ROWS), padded(dims.head_dim_v, WGMMA_ROWS), dims.itemsize):
-        config = config if config.tuning == AUTOTUNE else dataclasses.replace(config, tuning=None)
+        if isinstance(config.tuning, Tuning):  # this family's: the Triton kernels take their table's
+            config = dataclasses.replace(config, tuning=None)
         return triton_v2.IMPLEMENTATION.backward(inputs, out, lse, dout, dlse, config)
     return (*backward_pass(inputs, out, lse, dout, dlse, config, tuning), None)
 
