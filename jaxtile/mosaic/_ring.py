@@ -17,15 +17,11 @@ from typing import NamedTuple
 
 import jax.numpy as jnp
 from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu  # the Pallas API of jax 0.10.2 to 0.12
 
 from jaxtile._core import Shape
 from jaxtile.mask import cdiv
-
-try:  # Mosaic GPU's Pallas API, as of jax 0.10.2 to 0.12
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import mosaic_gpu as plgpu
-except ImportError:  # pragma: no cover - a jax without it runs the Triton family
-    plgpu = None
 
 # wgmma's rows per warpgroup, and the 128-byte swizzle's width in 2-byte elements: the
 # tiles' rows and the head dims are multiples of it (smaller head dims are zero-padded).

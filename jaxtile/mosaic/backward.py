@@ -24,18 +24,14 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu  # the Pallas API of jax 0.10.2 to 0.12
 
 from jaxtile import _softmax as sm
 from jaxtile._core import Config, Inputs, Shape
 from jaxtile.mask import MaskSpec, cdiv
 from jaxtile.mosaic import _ring
 from jaxtile.mosaic._ring import SHARED_MEMORY, WGMMA_ROWS, along, pad_to, padded, smem
-
-try:  # Mosaic GPU's Pallas API, as of jax 0.10.2 to 0.12
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import mosaic_gpu as plgpu
-except ImportError:  # pragma: no cover - a jax without it runs the Triton family
-    plgpu = None
 
 _CONSUMERS = 2
 # A consumer's float32 accumulators, in registers per thread (of 128 per warpgroup):

@@ -30,6 +30,8 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu  # the Pallas API of jax 0.10.2 to 0.12
 
 from jaxtile import _softmax as sm
 from jaxtile import registry
@@ -39,12 +41,6 @@ from jaxtile.mosaic import _ring
 from jaxtile.mosaic._ring import SHARED_MEMORY, WGMMA_ROWS, along, pad_to, padded, smem
 from jaxtile.mosaic.backward import BackwardTuning, backward_pass, backward_temporaries
 from jaxtile.triton import v2 as triton_v2
-
-try:  # Mosaic GPU's Pallas API, as of jax 0.10.2 to 0.12
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import mosaic_gpu as plgpu
-except ImportError:  # pragma: no cover - a jax without it runs the Triton family
-    plgpu = None
 
 _CONSUMERS = 2
 
