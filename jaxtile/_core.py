@@ -78,6 +78,17 @@ class Shape:
         """Query heads per kv head."""
         return self.num_heads // self.num_kv_heads
 
+    def head_shares(self, kv_tiles: int, min_programs: int) -> int:
+        """Shares of each kv head's query heads in a dK/dV kernel of one program per (key
+        tile, batch, kv head, share), each share summing dK, dV over its heads: the
+        fewest, a power of two dividing the group, that give ``min_programs`` programs,
+        so that MQA's few kv heads still fill the GPU."""
+        programs = kv_tiles * self.batch * self.num_kv_heads
+        shares = 1
+        while self.group % (2 * shares) == 0 and programs * shares < min_programs:
+            shares *= 2
+        return shares
+
     def q_bytes(self, dim: int, itemsize: int | None = None) -> int:
         """Bytes of a ``[batch, q_len, num_heads, dim]`` array."""
         return self.batch * self.q_len * self.num_heads * dim * (itemsize or self.itemsize)

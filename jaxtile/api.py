@@ -144,18 +144,20 @@ def _recognises(chosen: registry.Implementation, inputs: Inputs, config: Config)
     return chosen.supports(inputs, dataclasses.replace(config, mask=config.mask.recognised())) is None
 
 
-def _recognising(attention: Callable, inputs: Inputs, config: Config, sinks):
-    """``attention`` of the call or of the structured call its dense mask equals
+def _recognising(dense: Callable, structured: Callable, inputs: Inputs, config: Config, sinks):
+    """The dense call's attention, or that of the structured call its dense mask equals
     (`MaskSpec.recognise`), chosen at run time: causal, causal with padding (lengths,
-    which cost the kernels more than positions alone), or the dense mask."""
+    which cost the kernels more than positions alone), or the dense mask. ``dense`` is
+    the dense call's attention; ``structured(inputs, config)`` a structured call's."""
     lengths, branch = _recognise(config.mask, inputs.mask)
     lengths = jnp.broadcast_to(lengths, (inputs.q.shape[0], 2))
 
-    def structured(padded: bool):
+    def recognised(padded: bool):
         call = inputs._replace(mask=None, lengths=lengths if padded else None)
-        return lambda: attention(call, dataclasses.replace(config, mask=config.mask.recognised(padded)), sinks)
+        call_config = dataclasses.replace(config, mask=config.mask.recognised(padded))
+        return lambda: structured(call, call_config)(call, call_config, sinks)
 
-    return lax.switch(branch, [structured(False), structured(True), lambda: attention(inputs, config, sinks)])
+    return lax.switch(branch, [recognised(False), recognised(True), lambda: dense(inputs, config, sinks)])
 
 
 def _recognise(spec: MaskSpec, dense):
@@ -188,7 +190,16 @@ def attend(query, key, value, *, sinks, return_lse: bool, **options):
     sinks = _inputs.check_sinks(sinks, inputs.q.shape[2])
     attention = compiled(chosen, forward_mode)
     if _recognises(chosen, inputs, config):
-        out, lse = _recognising(attention, inputs, config, sinks)
+
+        def structured(call: Inputs, call_config: Config) -> Callable:
+            """The attention of a structured call the mask reads as: that of the call's
+            own choice when ``implementation`` is None (say, a kernel without dense
+            masks), else the named implementation's."""
+            if options["implementation"] is not None:
+                return attention
+            return compiled(_choose(call, call_config, options.get("require")), forward_mode)
+
+        out, lse = _recognising(attention, structured, inputs, config, sinks)
     else:
         out, lse = attention(inputs, config, sinks)
     out = out.reshape(*batch, *out.shape[1:])
@@ -237,7 +248,8 @@ def flash_attention(
         combined (AND) with all of the above. Read tile by tile; on the GPU kernels a
         mask that is causal, or causal with padding (Flax's ``make_causal_mask`` and
         ``make_attention_mask``), runs as ``causal=True`` with lengths instead, chosen
-        at run time (`registry.Implementation.recognises_masks`).
+        at run time (`registry.Implementation.recognises_masks`), on the implementation
+        that call picks when ``implementation`` is None.
       q_lengths, kv_lengths: ``[batch...]`` ints: sequence ``b`` has ``q_lengths[b]``
         queries and ``kv_lengths[b]`` keys (a partly filled cache); rows and keys past
         them are padding (padding rows get output 0 and lse ``-inf``), as
@@ -258,7 +270,7 @@ def flash_attention(
       scale: multiplies ``q kᵀ``; default ``1 / sqrt(head_dim)``.
       implementation: a registered name (`jaxtile.registry.names()`: ``"reference"``,
         ``"scan_v1"``, ``"scan_v2"``, ``"pallas_v1"``, ``"pallas_v2"``,
-        ``"pallas_decode"``), or None for the fastest that supports the call on the
+        ``"pallas_decode"``, ``"mosaic_v3"``), or None for the fastest that supports the call on the
         arrays' platform.
       block_q, block_k: tile sizes; None picks a default for the shape, mask and device.
         The Pallas kernels need powers of two >= 16 and shrink them (and their pipeline

@@ -73,7 +73,8 @@ class Implementation:
         `Unsupported` there.
       recognises_masks: where it runs natively, a dense mask that reads as causal, or
         causal with padding (`MaskSpec.recognise`: the masks Flax builds), runs as that
-        structured call, chosen at run time. That costs a pass over the mask and two
+        structured call, chosen at run time (on the implementation the structured call
+        picks, where the caller named none). That costs a pass over the mask and two
         more compiled calls; it pays where structured masks are faster than dense ones
         (kernels that mask diagonal tiles by position, not by loading mask tiles, and
         run the heaviest rows first).

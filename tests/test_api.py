@@ -331,10 +331,10 @@ def test_sinks_of_minus_infinity_are_no_sinks_and_empty_rows_stay_zero():
 
 
 @contextlib.contextmanager
-def _recognising(impl, traced: list | None = None):
+def _recognising(impl, traced: list | None = None, **changes):
     """``impl`` registered as a record that recognises dense masks and runs natively here
-    (`registry.Implementation.recognises_masks`); ``traced`` collects the masks
-    (`MaskSpec`) its forward pass is traced with."""
+    (`registry.Implementation.recognises_masks`), with ``changes`` to its fields;
+    ``traced`` collects the masks (`MaskSpec`) its forward pass is traced with."""
 
     def forward(inputs, config):
         if traced is not None:
@@ -343,7 +343,7 @@ def _recognising(impl, traced: list | None = None):
 
     native = impl.platforms | {jax.default_backend()}
     record = dataclasses.replace(
-        impl, name=f"{impl.name}_recognising", recognises_masks=True, platforms=native, forward=forward
+        impl, name=f"{impl.name}_recognising", recognises_masks=True, platforms=native, forward=forward, **changes
     )
     registry.register(record)
     try:
@@ -391,6 +391,45 @@ def test_recognised_masks_give_the_dense_call_s_results(impl):
                 np.testing.assert_allclose(np.asarray(got), np.asarray(expected), rtol=2e-5, atol=2e-5, err_msg=what)
     dense = jaxtile.mask.MaskSpec(16, 24, has_dense_mask=True)
     assert set(traced) == {dense, dense.recognised(padded=True), dense.recognised(padded=False)}
+
+
+def test_recognised_masks_run_on_the_structured_call_s_own_choice():
+    """With ``implementation=None`` the structured calls a dense mask reads as run on the
+    implementation they choose themselves (here a faster record without dense masks, as
+    mosaic_v3 is), the dense one on the dense call's; a named implementation runs all
+    three. Results are the reference's either way."""
+    native = next(i for i in registry.implementations() if i.tiled and jax.default_backend() in i.platforms)
+    structured_traced = []
+
+    def structured_forward(inputs, config):
+        structured_traced.append(config.mask)
+        return native.forward(inputs, config)
+
+    faster = dataclasses.replace(
+        native,
+        name="structured_only",
+        forward=structured_forward,
+        features=native.features - {"dense_mask"},
+        platforms=native.platforms | {jax.default_backend()},
+        speed=max(i.speed for i in registry.implementations()) + 2,
+    )
+    mask = _causal_with_padding([(16, 24), (9, 13)], 16, 24)
+    dense = jaxtile.mask.MaskSpec(16, 24, has_dense_mask=True)
+    traced = []
+    registry.register(faster)
+    try:
+        with _recognising(native, traced, speed=faster.speed - 1) as recognising:
+            for name in (None, recognising.name):
+                structured_traced.clear()  # (``traced`` accumulates: the jitted dense branch is traced once)
+                got = jaxtile.flash_attention(Q, K, V, mask=mask, implementation=name, block_q=16, block_k=16)
+                _check_close(got, _reference(mask=mask)(Q, K, V))
+                structured = {dense.recognised(padded=True), dense.recognised(padded=False)}
+                if name is None:
+                    assert set(structured_traced) == structured and set(traced) == {dense}
+                else:
+                    assert not structured_traced and set(traced) == {dense, *structured}
+    finally:
+        registry.unregister(faster.name)
 
 
 def test_recognise_takes_the_branch_of_each_kind_of_mask():

@@ -100,7 +100,7 @@ def test_the_dkdv_kernel_shares_a_kv_heads_query_heads_when_programs_are_few():
     def splits(heads, kv_heads, kv_len, batch=1):
         inputs, _ = _call((batch, kv_len, heads, 128), kv_len, kv_heads, 128, True, None, None, jnp.bfloat16)
         dims = Shape.of(*inputs[:3])
-        return mosaic_backward._group_splits(dims, kv_len // 128)
+        return dims.head_shares(kv_len // 128, mosaic_backward._MIN_PROGRAMS)
 
     assert splits(16, 1, 8192, batch=2) == 8  # 128 programs; 4 shares would give 512
     assert splits(32, 8, 8192, batch=2) == 1  # 1024 programs
@@ -136,8 +136,7 @@ def test_tiles_are_multiples_of_wgmma_s_rows():
         v3.Tuning(block_q=32)
     with pytest.raises(ValueError, match=r"num_stages=1 must be an int >= 2"):
         v3.Tuning(num_stages=1)
-    inputs, config = _call(*CALLS["causal"], block_q=16, block_k=96)
-    assert v3._tuning(inputs, config, 128, 128) == v3.Tuning(block_q=64, block_k=128)
+    assert v3._tuning(None, 16, 96, 128, 128, 2) == v3.Tuning(block_q=64, block_k=128)
     for head_dim, block_k in ((64, 256), (128, 128), (256, 64)):
         tuning = v3.default_tuning(head_dim, head_dim, 2)
         assert tuning.block_k == block_k and tuning.shared_memory(head_dim, head_dim, 2) <= _ring.SHARED_MEMORY
@@ -145,5 +144,5 @@ def test_tiles_are_multiples_of_wgmma_s_rows():
     assert v3.Tuning(64, 128, 3).fit(128, 128, 2) == v3.Tuning(64, 128, 2)
     assert v3.Tuning(64, 256, 2).fit(128, 128, 2) == v3.Tuning(64, 128, 2)
     assert v3.Tuning(256, 256, 4).fit(256, 256, 2) == v3.Tuning(64, 64, 2)
-    inputs, config = _call(*CALLS["d256_causal"], block_q=128, block_k=256)
-    assert v3._tuning(inputs, config, 256, 256) == v3.Tuning(block_q=64, block_k=64)
+    assert v3._tuning(None, 128, 256, 256, 256, 2) == v3.Tuning(block_q=64, block_k=64)
+    assert v3._tuning(v3.Tuning(num_stages=3), None, None, 64, 64, 2) == v3.Tuning(num_stages=3)

@@ -21,7 +21,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu  # the Pallas API of jax 0.10.2 to 0.12
 
 from jaxtile._core import Shape
-from jaxtile.mask import cdiv
+from jaxtile.mask import MaskSpec, cdiv
 
 # wgmma's rows per warpgroup, and the 128-byte swizzle's width in 2-byte elements: the
 # tiles' rows and the head dims are multiples of it (smaller head dims are zero-padded).
@@ -29,8 +29,10 @@ WGMMA_ROWS = 64
 # Shared memory per block on sm_90 (227 KiB), less what Mosaic GPU adds to the tiles
 # (barriers, alignment: 2.7 KiB measured with three 128-key stages at head dim 128).
 SHARED_MEMORY = 232448 - 4096
-# Registers per thread of a consumer and of the producer (65536 per block, 128 threads
-# per warpgroup: two consumers at 232 leave the producer 40).
+# Consumer warpgroups per program, and registers per thread of a consumer and of the
+# producer (65536 per block, 128 threads per warpgroup: two consumers at 232 leave the
+# producer 40).
+CONSUMERS = 2
 CONSUMER_REGISTERS, PRODUCER_REGISTERS = 232, 40
 
 
@@ -118,6 +120,29 @@ def produce(steps, num_stages: int, streams: Sequence[Stream]):
     @pl.loop(num_stages, jnp.maximum(steps, num_stages))
     def _(s):
         load(s, lax.rem(s, jnp.int32(num_stages)), True)
+
+
+def key_spans(spec: MaskSpec, q_len: int, rows: int, block_k: int):
+    """This program's query tile ``t`` of ``rows`` rows (the ``"q_tiles"`` axis, heaviest
+    first where the mask bounds keys on the right, as the Triton kernels), its spans of
+    key tiles (`MaskSpec.kv_spans`), the first of them and the number of steps."""
+    t = lax.axis_index("q_tiles")
+    if spec.right is not None:
+        t = cdiv(q_len, rows) - 1 - t
+    spans = spec.kv_spans(t, rows, block_k)
+    return t, spans, spans[0].start, spans[-1].stop - spans[0].start
+
+
+def produce_keys(refs, tiles, ready, free, *, b, h_kv, first, steps, block_k: int, num_stages: int):
+    """The producer of a kernel whose consumers visit key tiles ``first`` to
+    ``first + steps - 1`` of batch ``b`` and kv head ``h_kv``: each of ``refs`` (K, V)
+    through its ring of ``tiles`` (`produce`)."""
+    plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
+
+    def source(ref):
+        return lambda s: ref.at[b, pl.ds((first + s) * block_k, block_k), h_kv]
+
+    produce(steps, num_stages, [Stream(source(ref), *ring) for ref, *ring in zip(refs, tiles, ready, free)])
 
 
 def ring_barriers(num_stages: int, num_streams: int, consumers: int):

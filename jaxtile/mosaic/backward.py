@@ -29,11 +29,10 @@ from jax.experimental.pallas import mosaic_gpu as plgpu  # the Pallas API of jax
 
 from jaxtile import _softmax as sm
 from jaxtile._core import Config, Inputs, Shape
-from jaxtile.mask import MaskSpec, cdiv
+from jaxtile.mask import MaskSpec
 from jaxtile.mosaic import _ring
-from jaxtile.mosaic._ring import SHARED_MEMORY, WGMMA_ROWS, along, pad_to, padded, smem
+from jaxtile.mosaic._ring import CONSUMERS, SHARED_MEMORY, WGMMA_ROWS, along, pad_to, padded, smem
 
-_CONSUMERS = 2
 # A consumer's float32 accumulators, in registers per thread (of 128 per warpgroup):
 # dK_j and dV_j of 64 keys at head dim 128 take this many, and leave the scores room.
 _ACCUMULATOR_REGISTERS = 128
@@ -68,9 +67,9 @@ class BackwardTuning:
         float32 parts of dK, dV they become) and its ring."""
         width = (head_dim + head_dim_v) * itemsize
         stats = 2 * 4  # L_i and D_i per query row
-        own_keys = _CONSUMERS * self.block_k * (head_dim + head_dim_v) * max(itemsize, 4)
+        own_keys = CONSUMERS * self.block_k * (head_dim + head_dim_v) * max(itemsize, 4)
         dkdv = own_keys + self.num_stages * self.block_q * (width + stats)
-        dq = _CONSUMERS * self.block_q * (width + stats) + self.num_stages * self.block_k * width
+        dq = CONSUMERS * self.block_q * (width + stats) + self.num_stages * self.block_k * width
         return max(dkdv, dq)
 
     def fits(self, head_dim: int, head_dim_v: int, itemsize: int) -> bool:
@@ -135,16 +134,12 @@ def _dq_kernel(
     ``dQ_i = Σ_j dS_ij K_j``, the producer streaming ``K_j`` and ``V_j``."""
     (q_smem, do_smem, lse_smem, delta_smem, k_smem, v_smem), (own_ready, ready, free) = scoped
     bq, bk, stages = tuning.block_q, tuning.block_k, tuning.num_stages
-    rows = _CONSUMERS * bq
+    rows = CONSUMERS * bq
     h, b, wg = lax.axis_index("heads"), lax.axis_index("batch"), lax.axis_index("wg")
-    t = lax.axis_index("q_tiles")
-    if spec.right is not None:  # the heaviest query tiles first
-        t = cdiv(dims.q_len, rows) - 1 - t
-    spans = spec.kv_spans(t, rows, bk)
-    first, steps = spans[0].start, spans[-1].stop - spans[0].start
+    t, spans, first, steps = _ring.key_spans(spec, dims.q_len, rows, bk)
     (k_ready, v_ready), (k_free, v_free) = ready, free
 
-    @pl.when(wg < _CONSUMERS)
+    @pl.when(wg < CONSUMERS)
     def _consumer():
         plgpu.set_max_registers(_ring.CONSUMER_REGISTERS, action="increase")
         row0 = t * rows + wg * bq
@@ -188,21 +183,19 @@ def _dq_kernel(
         plgpu.copy_smem_to_gmem(q_i, dq_ref.at[b, pl.ds(row0, bq), h])
         plgpu.wait_smem_to_gmem(0)
 
-    @pl.when(wg == _CONSUMERS)
+    @pl.when(wg == CONSUMERS)
     def _producer():
-        plgpu.set_max_registers(_ring.PRODUCER_REGISTERS, action="decrease")
-        h_kv = lax.div(h, jnp.int32(dims.group))
-
-        def source(ref):
-            return lambda s: ref.at[b, pl.ds((first + s) * bk, bk), h_kv]
-
-        _ring.produce(
-            steps,
-            stages,
-            [
-                _ring.Stream(source(k_ref), k_smem, k_ready, k_free),
-                _ring.Stream(source(v_ref), v_smem, v_ready, v_free),
-            ],
+        _ring.produce_keys(
+            (k_ref, v_ref),
+            (k_smem, v_smem),
+            ready,
+            free,
+            b=b,
+            h_kv=lax.div(h, jnp.int32(dims.group)),
+            first=first,
+            steps=steps,
+            block_k=bk,
+            num_stages=stages,
         )
 
 
@@ -230,7 +223,7 @@ def _dkdv_kernel(
     (own, q_smem, do_smem, lse_smem, delta_smem), (own_ready, consumed, ready, free) = scoped
     (k_smem, v_smem), (dk_smem, dv_smem) = own if splits > 1 else (own, own)
     bq, bk, stages = tuning.block_q, tuning.block_k, tuning.num_stages
-    keys = _CONSUMERS * bk
+    keys = CONSUMERS * bk
     share, b, wg = lax.axis_index("shares"), lax.axis_index("batch"), lax.axis_index("wg")
     h_kv = lax.div(share, jnp.int32(splits))
     j = lax.axis_index("kv_tiles")
@@ -239,7 +232,7 @@ def _dkdv_kernel(
     group = dims.group // splits
     (q_ready, do_ready, lse_ready, delta_ready), (q_free, do_free, lse_free, delta_free) = ready, free
 
-    @pl.when(wg < _CONSUMERS)
+    @pl.when(wg < CONSUMERS)
     def _consumer():
         plgpu.set_max_registers(_ring.CONSUMER_REGISTERS, action="increase")
         key0 = j * keys + wg * bk
@@ -288,9 +281,11 @@ def _dkdv_kernel(
             plgpu.layout_cast(jnp.zeros((bk, dims.head_dim_v), jnp.float32), plgpu.Layout.WGMMA),
         )
         dk_j, dv_j = lax.fori_loop(jnp.int32(0), jnp.int32(group), one_head, zeros)
-        # Line 18: write dK_j, dV_j (this share's part) once neither consumer reads K, V.
-        plgpu.barrier_arrive(consumed)
-        plgpu.barrier_wait(consumed)
+        # Line 18: write dK_j, dV_j; a share's float32 parts once neither consumer reads
+        # K_j, V_j (their tiles span both consumers').
+        if splits > 1:
+            plgpu.barrier_arrive(consumed)
+            plgpu.barrier_wait(consumed)
         dk_out, dv_out = dk_smem.at[wg], dv_smem.at[wg]
         dk_out[...] = dk_j.astype(dk_ref.dtype)
         dv_out[...] = dv_j.astype(dv_ref.dtype)
@@ -299,7 +294,7 @@ def _dkdv_kernel(
         plgpu.copy_smem_to_gmem(dv_out, dv_ref.at[b, pl.ds(key0, bk), share])
         plgpu.wait_smem_to_gmem(0)
 
-    @pl.when(wg == _CONSUMERS)
+    @pl.when(wg == CONSUMERS)
     def _producer():
         plgpu.set_max_registers(_ring.PRODUCER_REGISTERS, action="decrease")
 
@@ -327,29 +322,18 @@ def _dkdv_kernel(
         _ring.produce(group * per_head, stages, [_ring.Stream(*s) for s in zip(sources, tiles, ready, free)])
 
 
-def _group_splits(dims: Shape, kv_tiles: int) -> int:
-    """Shares of a kv head's query heads in the dK/dV kernel (each summing dK, dV over its
-    share): the fewest, a power of two dividing the group, that give `_MIN_PROGRAMS`
-    programs, so that MQA's few kv heads still fill the GPU."""
-    programs = kv_tiles * dims.batch * dims.num_kv_heads
-    splits = 1
-    while dims.group % (2 * splits) == 0 and programs * splits < _MIN_PROGRAMS:
-        splits *= 2
-    return splits
-
-
 def backward_temporaries(shape: Shape, tuning: BackwardTuning) -> int:
     """Bytes `backward_pass` holds besides its inputs and results: D and the base-2 lse (a
     float32 row each), zero-padded copies of the operands and gradients where the
     sequences or head dims are not multiples of the tiles, and with shares of the query
-    heads (`_group_splits`) the float32 parts of dK and dV."""
+    heads (`Shape.head_shares`) the float32 parts of dK and dV."""
     head_dim, head_dim_v = padded(shape.head_dim, WGMMA_ROWS), padded(shape.head_dim_v, WGMMA_ROWS)
-    q_len = padded(shape.q_len, _CONSUMERS * tuning.block_q)
-    kv_len = padded(shape.kv_len, _CONSUMERS * tuning.block_k)
+    q_len = padded(shape.q_len, CONSUMERS * tuning.block_q)
+    kv_len = padded(shape.kv_len, CONSUMERS * tuning.block_k)
     rows = 2 * shape.batch * shape.num_heads * q_len * 4
     copies = _ring.padded_copies(shape, q_len, kv_len, head_dim, head_dim_v)
     big = dataclasses.replace(shape, kv_len=kv_len, head_dim=head_dim, head_dim_v=head_dim_v)
-    splits = _group_splits(big, kv_len // (_CONSUMERS * tuning.block_k))
+    splits = big.head_shares(kv_len // (CONSUMERS * tuning.block_k), _MIN_PROGRAMS)
     parts = 0 if splits == 1 else splits * (big.kv_bytes(head_dim, 4) + big.kv_bytes(head_dim_v, 4))
     return rows + copies + parts
 
@@ -362,8 +346,8 @@ def backward_pass(inputs: Inputs, out, lse, dout, dlse, config: Config, tuning: 
     dims = Shape.of(inputs.q, inputs.k, inputs.v)
     head_dim, head_dim_v = padded(dims.head_dim, WGMMA_ROWS), padded(dims.head_dim_v, WGMMA_ROWS)
     bq, bk, stages = tuning.block_q, tuning.block_k, tuning.num_stages
-    q_len = padded(dims.q_len, _CONSUMERS * bq)
-    kv_len = padded(dims.kv_len, _CONSUMERS * bk)
+    q_len = padded(dims.q_len, CONSUMERS * bq)
+    kv_len = padded(dims.kv_len, CONSUMERS * bk)
     # Line 4: D_i = rowsum(dO_i ∘ O_i), less the lse's cotangent; L_i in base 2.
     delta = jnp.einsum("bthd,bthd->bht", dout.astype(jnp.float32), out.astype(jnp.float32)) - dlse
     lse2 = pad_to(sm.lse_base2(lse), 2, q_len, jnp.inf)
@@ -377,23 +361,23 @@ def backward_pass(inputs: Inputs, out, lse, dout, dlse, config: Config, tuning: 
     dtype, operands = q.dtype, (q, k, v, do, lse2, delta)
 
     def own_tiles(rows):  # each consumer's tiles of its rows: 2 dims (or heads), 2 stats
-        return (smem(dtype, _CONSUMERS, rows, head_dim), smem(dtype, _CONSUMERS, rows, head_dim_v))
+        return (smem(dtype, CONSUMERS, rows, head_dim), smem(dtype, CONSUMERS, rows, head_dim_v))
 
-    splits = _group_splits(dims, kv_len // (_CONSUMERS * bk))
+    splits = dims.head_shares(kv_len // (CONSUMERS * bk), _MIN_PROGRAMS)
     shares = dims.num_kv_heads * splits
     own = own_tiles(bk)
     if splits > 1:  # float32 parts of dK, dV, summed below in a fixed order (deterministic)
         own = plgpu.RefUnion(
-            own, (smem(jnp.float32, _CONSUMERS, bk, head_dim), smem(jnp.float32, _CONSUMERS, bk, head_dim_v))
+            own, (smem(jnp.float32, CONSUMERS, bk, head_dim), smem(jnp.float32, CONSUMERS, bk, head_dim_v))
         )
     part = jnp.float32 if splits > 1 else dtype
     dk, dv = _ring.launch(
         functools.partial(_dkdv_kernel, splits=splits, **statics),
         operands,
         tuple(jax.ShapeDtypeStruct((dims.batch, kv_len, shares, x.shape[-1]), part) for x in (k, v)),
-        (kv_len // (_CONSUMERS * bk), dims.batch, shares),
+        (kv_len // (CONSUMERS * bk), dims.batch, shares),
         ("kv_tiles", "batch", "shares"),
-        _CONSUMERS,
+        CONSUMERS,
         (
             (
                 own,
@@ -403,9 +387,9 @@ def backward_pass(inputs: Inputs, out, lse, dout, dlse, config: Config, tuning: 
                 plgpu.SMEM((stages, bq), jnp.float32),
             ),
             (
-                plgpu.Barrier(num_barriers=2 * _CONSUMERS),
-                plgpu.Barrier(num_arrivals=_CONSUMERS),
-                *_ring.ring_barriers(stages, 4, _CONSUMERS),
+                plgpu.Barrier(num_barriers=2 * CONSUMERS),
+                plgpu.Barrier(num_arrivals=CONSUMERS) if splits > 1 else None,
+                *_ring.ring_barriers(stages, 4, CONSUMERS),
             ),
         ),
     )
@@ -418,18 +402,18 @@ def backward_pass(inputs: Inputs, out, lse, dout, dlse, config: Config, tuning: 
         functools.partial(_dq_kernel, **statics),
         operands,
         (jax.ShapeDtypeStruct(q.shape, dtype),),
-        (dims.num_heads, q_len // (_CONSUMERS * bq), dims.batch),
+        (dims.num_heads, q_len // (CONSUMERS * bq), dims.batch),
         ("heads", "q_tiles", "batch"),
-        _CONSUMERS,
+        CONSUMERS,
         (
             (
                 *own_tiles(bq),
-                plgpu.SMEM((_CONSUMERS, bq), jnp.float32),
-                plgpu.SMEM((_CONSUMERS, bq), jnp.float32),
+                plgpu.SMEM((CONSUMERS, bq), jnp.float32),
+                plgpu.SMEM((CONSUMERS, bq), jnp.float32),
                 smem(dtype, stages, bk, head_dim),
                 smem(dtype, stages, bk, head_dim_v),
             ),
-            (plgpu.Barrier(num_barriers=4 * _CONSUMERS), *_ring.ring_barriers(stages, 2, _CONSUMERS)),
+            (plgpu.Barrier(num_barriers=4 * CONSUMERS), *_ring.ring_barriers(stages, 2, CONSUMERS)),
         ),
     )
     crop = (slice(None), slice(None, dims.q_len), slice(None))

@@ -36,13 +36,11 @@ from jax.experimental.pallas import mosaic_gpu as plgpu  # the Pallas API of jax
 from jaxtile import _softmax as sm
 from jaxtile import registry
 from jaxtile._core import Config, Inputs, Shape
-from jaxtile.mask import MaskSpec, cdiv
+from jaxtile.mask import MaskSpec
 from jaxtile.mosaic import _ring
-from jaxtile.mosaic._ring import SHARED_MEMORY, WGMMA_ROWS, along, pad_to, padded, smem
+from jaxtile.mosaic._ring import CONSUMERS, SHARED_MEMORY, WGMMA_ROWS, along, pad_to, padded, smem
 from jaxtile.mosaic.backward import BackwardTuning, backward_pass, backward_temporaries
 from jaxtile.triton import v2 as triton_v2
-
-_CONSUMERS = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +68,7 @@ class Tuning:
 
     def shared_memory(self, head_dim: int, head_dim_v: int, itemsize: int) -> int:
         """Bytes of the query/output tiles, the ring and the lse rows."""
-        rows = _CONSUMERS * self.block_q
+        rows = CONSUMERS * self.block_q
         q_o = rows * (head_dim + (head_dim_v if head_dim_v != head_dim else 0)) * itemsize
         ring = self.num_stages * self.block_k * (head_dim + head_dim_v) * itemsize
         return q_o + ring + rows * 4
@@ -125,20 +123,15 @@ def _kernel(
     parts, chosen by the warpgroup index."""
     (q_smem, o_smem, k_smem, v_smem, lse_smem), (q_ready, (k_ready, v_ready), (k_free, v_free)), turn = scoped
     bq, bk, stages = tuning.block_q, tuning.block_k, tuning.num_stages
-    rows = _CONSUMERS * bq
-    num_q_tiles = cdiv(dims.q_len, rows)
+    rows = CONSUMERS * bq
     h, b, wg = lax.axis_index("heads"), lax.axis_index("batch"), lax.axis_index("wg")
-    t = lax.axis_index("q_tiles")
-    if spec.right is not None:  # the heaviest query tiles first, as the Triton kernels
-        t = num_q_tiles - 1 - t
-    spans = spec.kv_spans(t, rows, bk)
-    first, steps = spans[0].start, spans[-1].stop - spans[0].start
+    t, spans, first, steps = _ring.key_spans(spec, dims.q_len, rows, bk)
 
     def take_turn():
         plgpu.barrier_arrive(turn)
         plgpu.barrier_wait(turn)
 
-    @pl.when(wg < _CONSUMERS)
+    @pl.when(wg < CONSUMERS)
     def _consumer():
         plgpu.set_max_registers(_ring.CONSUMER_REGISTERS, action="increase")
         q_tile = q_smem.at[wg]
@@ -218,37 +211,30 @@ def _kernel(
         plgpu.copy_smem_to_gmem(lse_smem.at[wg], lse_ref.at[b, h, pl.ds(row0, bq)])
         plgpu.wait_smem_to_gmem(0)
 
-    @pl.when(wg == _CONSUMERS)
+    @pl.when(wg == CONSUMERS)
     def _producer():
-        plgpu.set_max_registers(_ring.PRODUCER_REGISTERS, action="decrease")
-        h_kv = lax.div(h, jnp.int32(dims.group))
-
-        def source(ref):
-            return lambda s: ref.at[b, pl.ds((first + s) * bk, bk), h_kv]
-
-        _ring.produce(
-            steps,
-            stages,
-            [
-                _ring.Stream(source(k_ref), k_smem, k_ready, k_free),
-                _ring.Stream(source(v_ref), v_smem, v_ready, v_free),
-            ],
+        _ring.produce_keys(
+            (k_ref, v_ref),
+            (k_smem, v_smem),
+            (k_ready, v_ready),
+            (k_free, v_free),
+            b=b,
+            h_kv=lax.div(h, jnp.int32(dims.group)),
+            first=first,
+            steps=steps,
+            block_k=bk,
+            num_stages=stages,
         )
 
 
-def _tuning(inputs: Inputs, config: Config, head_dim: int, head_dim_v: int) -> Tuning:
-    """The user's tuning, or the default, with the call's ``block_q``/``block_k`` rounded
-    up to multiples of 64 (``block_q`` counts the rows of one consumer), made to fit in
-    shared memory (`Tuning.fit`)."""
-    tuning = config.tuning if isinstance(config.tuning, Tuning) else None
-    if tuning is None:
-        tuning = default_tuning(head_dim, head_dim_v, jnp.dtype(inputs.q.dtype).itemsize)
-    blocks = {
-        name: padded(block, WGMMA_ROWS)
-        for name, block in (("block_q", config.block_q), ("block_k", config.block_k))
-        if block is not None
-    }
-    return dataclasses.replace(tuning, **blocks).fit(head_dim, head_dim_v, jnp.dtype(inputs.q.dtype).itemsize)
+def _tuning(tuning, block_q: int | None, block_k: int | None, head_dim: int, head_dim_v: int, itemsize: int) -> Tuning:
+    """``tuning`` (the user's, if it is a `Tuning`) or the default, with the call's
+    ``block_q``/``block_k`` rounded up to multiples of 64 (``block_q`` counts the rows of
+    one consumer), made to fit in shared memory (`Tuning.fit`)."""
+    if not isinstance(tuning, Tuning):
+        tuning = default_tuning(head_dim, head_dim_v, itemsize)
+    blocks = {name: padded(b, WGMMA_ROWS) for name, b in (("block_q", block_q), ("block_k", block_k)) if b is not None}
+    return dataclasses.replace(tuning, **blocks).fit(head_dim, head_dim_v, itemsize)
 
 
 def forward_pass(inputs: Inputs, config: Config):
@@ -258,8 +244,8 @@ def forward_pass(inputs: Inputs, config: Config):
     masked; the padded rows are dropped), so any structured call runs."""
     dims = Shape.of(inputs.q, inputs.k, inputs.v)
     head_dim, head_dim_v = padded(dims.head_dim, WGMMA_ROWS), padded(dims.head_dim_v, WGMMA_ROWS)
-    tuning = _tuning(inputs, config, head_dim, head_dim_v)
-    rows = _CONSUMERS * tuning.block_q
+    tuning = _tuning(config.tuning, config.block_q, config.block_k, head_dim, head_dim_v, dims.itemsize)
+    rows = CONSUMERS * tuning.block_q
     q_len, kv_len = padded(dims.q_len, rows), padded(dims.kv_len, tuning.block_k)
     q = pad_to(pad_to(inputs.q, 3, head_dim), 1, q_len)
     k = pad_to(pad_to(inputs.k, 3, head_dim), 1, kv_len)
@@ -277,17 +263,17 @@ def forward_pass(inputs: Inputs, config: Config):
         ),
         (dims.num_heads, q_len // rows, dims.batch),
         ("heads", "q_tiles", "batch"),
-        _CONSUMERS,
+        CONSUMERS,
         (
             (
-                smem(dtype, _CONSUMERS, bq, head_dim),
-                None if head_dim == head_dim_v else smem(dtype, _CONSUMERS, bq, head_dim_v),
+                smem(dtype, CONSUMERS, bq, head_dim),
+                None if head_dim == head_dim_v else smem(dtype, CONSUMERS, bq, head_dim_v),
                 smem(dtype, stages, bk, head_dim),
                 smem(dtype, stages, bk, head_dim_v),
-                plgpu.SMEM((_CONSUMERS, bq), jnp.float32),
+                plgpu.SMEM((CONSUMERS, bq), jnp.float32),
             ),
-            (plgpu.Barrier(num_barriers=_CONSUMERS), *_ring.ring_barriers(stages, 2, _CONSUMERS)),
-            plgpu.Barrier(num_arrivals=_CONSUMERS),
+            (plgpu.Barrier(num_barriers=CONSUMERS), *_ring.ring_barriers(stages, 2, CONSUMERS)),
+            plgpu.Barrier(num_arrivals=CONSUMERS),
         ),
     )
     return out[:, : dims.q_len, :, : dims.head_dim_v], lse[:, :, : dims.q_len]
@@ -299,10 +285,8 @@ def _memory(shape: Shape, block_q: int | None, block_k: int | None, backward: bo
     query heads (`jaxtile.mosaic.backward`), the float32 parts of dK and dV. Head dims
     past 128 take the Triton family's backward, and its model."""
     head_dim, head_dim_v = padded(shape.head_dim, WGMMA_ROWS), padded(shape.head_dim_v, WGMMA_ROWS)
-    tuning = default_tuning(head_dim, head_dim_v, shape.itemsize)
-    blocks = {name: padded(b, WGMMA_ROWS) for name, b in (("block_q", block_q), ("block_k", block_k)) if b is not None}
-    tuning = dataclasses.replace(tuning, **blocks).fit(head_dim, head_dim_v, shape.itemsize)
-    q_len = padded(shape.q_len, _CONSUMERS * tuning.block_q)
+    tuning = _tuning(None, block_q, block_k, head_dim, head_dim_v, shape.itemsize)
+    q_len = padded(shape.q_len, CONSUMERS * tuning.block_q)
     forward = _ring.padded_copies(shape, q_len, padded(shape.kv_len, tuning.block_k), head_dim, head_dim_v)
     if not backward:
         return 0, forward

@@ -83,7 +83,8 @@ def _measure(inputs: Inputs, config: Config, tuning: tn.Tuning) -> tuple[float, 
     return fwd, max(total - fwd, 0.0)
 
 
-# The dK/dV kernel splits a kv head's query heads over programs below this many programs.
+# The dK/dV kernel splits a kv head's query heads over programs below this many programs
+# (`Shape.head_shares`).
 _MIN_PROGRAMS = 1024
 # What each kernel keeps in shared memory (`pk.Staging`), for `pk.Tiles.fit`.
 _FORWARD = pk.Staging(resident=(("q", "d"),), streamed=(("k", "d"), ("k", "v")), split_float32=True)
@@ -224,17 +225,6 @@ def _paged_forward(inputs: Inputs, config: Config, paged):
     return out[0], lse[0]
 
 
-def _group_splits(dims: Shape, tiles: pk.Tiles) -> int:
-    """Programs that share one kv head's query heads in the dK/dV kernel (each summing
-    dK, dV over its share): the fewest, a power of two dividing the group, that give
-    `_MIN_PROGRAMS` programs, so that MQA's few kv heads still fill the GPU."""
-    programs = tiles.num_kv_tiles(dims) * dims.batch * dims.num_kv_heads
-    splits = 1
-    while dims.group % (2 * splits) == 0 and programs * splits < _MIN_PROGRAMS:
-        splits *= 2
-    return splits
-
-
 def _dkdv_kernel(*refs, kernel: pk.Kernel, splits: int):
     """Algorithm 2, lines 6-18, for one (key tile, batch, kv head, share of its query
     heads), transposed."""
@@ -361,7 +351,7 @@ def _backward(inputs: Inputs, out, lse, dout, dlse, config: Config):
 
     kdkv = pk.Kernel.create(inputs, config, tuning.dkdv, _DKDV)
     dims, tiles = kdkv.dims, kdkv.tiles
-    splits = _group_splits(dims, tiles)
+    splits = dims.head_shares(tiles.num_kv_tiles(dims), _MIN_PROGRAMS)
     # With several shares, each writes its float32 part of dK, dV; XLA sums them in a
     # fixed order (deterministic, no atomics).
     parts = [
