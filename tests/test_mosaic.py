@@ -31,13 +31,16 @@ CALLS = {
 }
 
 
-def _call(q_shape, kv_len, kv_heads, head_dim_v, causal, window, soft_cap, dtype, **config):
+def _call(q_shape, kv_len, kv_heads, head_dim_v, causal, window, soft_cap, dtype, segments=False, **config):
+    """Abstract inputs and the config of a call (with ``segments``, segment ids of the
+    queries and keys)."""
     batch, q_len, _, head_dim = q_shape
     q = jax.ShapeDtypeStruct(q_shape, dtype)
     k = jax.ShapeDtypeStruct((batch, kv_len, kv_heads, head_dim), dtype)
     v = jax.ShapeDtypeStruct((batch, kv_len, kv_heads, head_dim_v), dtype)
-    spec = MaskSpec.create(q_len, kv_len, causal=causal, window=window)
-    return Inputs(q, k, v), Config(spec, Logits(head_dim**-0.5, soft_cap), platform="gpu", **config)
+    ids = [jax.ShapeDtypeStruct((batch, n), jnp.int32) for n in (q_len, kv_len)] if segments else []
+    spec = MaskSpec.create(q_len, kv_len, causal=causal, window=window, has_segments=segments)
+    return Inputs(q, k, v, *ids), Config(spec, Logits(head_dim**-0.5, soft_cap), platform="gpu", **config)
 
 
 @pytest.mark.parametrize("name", CALLS)
@@ -52,6 +55,26 @@ def test_the_forward_kernel_lowers_for_cuda(name):
     batch, q_len, heads, _ = inputs.q.shape
     assert out.shape == (batch, q_len, heads, inputs.v.shape[-1]) and out.dtype == inputs.q.dtype
     assert lse.shape == (batch, heads, q_len) and lse.dtype == jnp.float32
+
+
+@pytest.mark.parametrize("name", ["causal", "window_gqa_ragged_d80_v48", "two_sided_window_soft_cap"])
+def test_the_forward_kernel_lowers_with_segment_ids(name):
+    """With segment ids the kernel also reads the tile bounds they give
+    (`MaskSpec.tile_bounds`), the rows' ids and a ring of the keys' ids."""
+    inputs, config = _call(*CALLS[name], segments=True)
+
+    def forward(q, k, v, q_segment_ids, kv_segment_ids):
+        return v3.forward_pass(Inputs(q, k, v, q_segment_ids, kv_segment_ids), config)
+
+    lowered = jax.jit(forward).trace(*inputs[:5])
+    text = lowered.lower(lowering_platforms=("cuda",)).as_text()
+    assert "mosaic_gpu" in text and "wgmma.mma_async" in text
+    out, lse = lowered.out_info
+    assert out.shape[:3] == inputs.q.shape[:3] and lse.shape == (
+        inputs.q.shape[0],
+        inputs.q.shape[2],
+        inputs.q.shape[1],
+    )
 
 
 @pytest.mark.parametrize("name", [name for name in CALLS if CALLS[name][0][-1] <= 128])
@@ -76,8 +99,9 @@ def test_the_backward_kernels_lower_for_cuda(name):
 
 
 def test_the_backward_takes_the_triton_kernels_where_its_tiles_do_not_fit(monkeypatch):
-    """Head dims past 128 (dK_j and dV_j would not fit in a consumer's registers) go to
-    the Triton family's backward, with the call's tuning dropped where it is Mosaic's."""
+    """Head dims past 128 (dK_j and dV_j would not fit in a consumer's registers) and
+    segment ids go to the Triton family's backward, with the call's tuning dropped where
+    it is Mosaic's."""
     calls = []
     monkeypatch.setattr(v3, "backward_pass", lambda *args: calls.append("mosaic") or (None,) * 3)
     triton = types.SimpleNamespace(backward=lambda *args: calls.append(("triton", args[-1].tuning)) or (None,) * 4)
@@ -85,7 +109,9 @@ def test_the_backward_takes_the_triton_kernels_where_its_tiles_do_not_fit(monkey
     for name, tuning in (("causal", v3.Tuning()), ("d256_causal", v3.Tuning()), ("d256_causal", "autotune")):
         inputs, config = _call(*CALLS[name], tuning=tuning)
         v3._backward(inputs, None, None, None, None, config)
-    assert calls == ["mosaic", ("triton", None), ("triton", "autotune")]
+    inputs, config = _call(*CALLS["causal"], segments=True)
+    v3._backward(inputs, None, None, None, None, config)
+    assert calls == ["mosaic", ("triton", None), ("triton", "autotune"), ("triton", None)]
     assert mosaic_backward.BackwardTuning().fits(128, 128, 2)
     assert not mosaic_backward.BackwardTuning().fits(256, 256, 2)
     assert not mosaic_backward.BackwardTuning(block_k=128).fits(128, 128, 2)
@@ -109,8 +135,9 @@ def test_the_dkdv_kernel_shares_a_kv_heads_query_heads_when_programs_are_few():
 
 
 def test_it_is_the_default_on_hopper_for_the_calls_it_supports(monkeypatch):
-    """On Hopper, the calls its record declares; split-KV decoding keeps short queries, and
-    everything else (float32, segments, other GPUs) falls back to the Triton family."""
+    """On Hopper, the calls its record declares (segment ids among them); split-KV decoding
+    keeps short queries, and everything else (float32, dense masks, lengths, other GPUs)
+    falls back to the Triton family."""
     monkeypatch.setattr(v3, "_hopper", lambda: True)
 
     def chosen(q_len=1024, dtype=jnp.bfloat16, **spec):
@@ -122,7 +149,9 @@ def test_it_is_the_default_on_hopper_for_the_calls_it_supports(monkeypatch):
     assert chosen(dtype=jnp.float16) == "mosaic_v3"
     assert chosen(q_len=1) == "pallas_decode"
     assert chosen(dtype=jnp.float32) == "pallas_v2"
-    assert chosen(has_segments=True) == "pallas_v2"
+    assert chosen(has_segments=True) == "mosaic_v3"
+    assert chosen(has_dense_mask=True) == "pallas_v2"
+    assert chosen(has_lengths=True) == "pallas_v2"
     monkeypatch.setattr(v3, "_hopper", lambda: False)
     assert chosen() == "pallas_v2"
     with pytest.raises(registry.Unsupported, match=r"mosaic_v3 needs Hopper GPUs \(sm_90\) on gpu.*'pallas_v2'"):

@@ -122,25 +122,32 @@ def produce(steps, num_stages: int, streams: Sequence[Stream]):
         load(s, lax.rem(s, jnp.int32(num_stages)), True)
 
 
-def key_spans(spec: MaskSpec, q_len: int, rows: int, block_k: int):
+def key_spans(spec: MaskSpec, q_len: int, rows: int, block_k: int, bounds_ref=None):
     """This program's query tile ``t`` of ``rows`` rows (the ``"q_tiles"`` axis, heaviest
     first where the mask bounds keys on the right, as the Triton kernels), its spans of
-    key tiles (`MaskSpec.kv_spans`), the first of them and the number of steps."""
+    key tiles (`MaskSpec.kv_spans`, within the runtime ``bounds_ref [1|batch, 1, tiles,
+    4]`` of `MaskSpec.tile_bounds` when given), the first of them and the number of steps."""
     t = lax.axis_index("q_tiles")
     if spec.right is not None:
         t = cdiv(q_len, rows) - 1 - t
-    spans = spec.kv_spans(t, rows, block_k)
+    bounds = None
+    if bounds_ref is not None:
+        b = lax.axis_index("batch") if bounds_ref.shape[0] > 1 else 0
+        bounds = tuple(bounds_ref[b, 0, t, i] for i in range(4))
+    spans = spec.kv_spans(t, rows, block_k, bounds)
     return t, spans, spans[0].start, spans[-1].stop - spans[0].start
 
 
 def produce_keys(refs, tiles, ready, free, *, b, h_kv, first, steps, block_k: int, num_stages: int):
     """The producer of a kernel whose consumers visit key tiles ``first`` to
-    ``first + steps - 1`` of batch ``b`` and kv head ``h_kv``: each of ``refs`` (K, V)
-    through its ring of ``tiles`` (`produce`)."""
+    ``first + steps - 1`` of batch ``b`` and kv head ``h_kv``: each of ``refs`` (K, V
+    and, if the call has them, the keys' segment ids ``[batch, kv_len]``) through its
+    ring of ``tiles`` (`produce`)."""
     plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
 
     def source(ref):
-        return lambda s: ref.at[b, pl.ds((first + s) * block_k, block_k), h_kv]
+        heads = (h_kv,) if ref.ndim == 4 else ()
+        return lambda s: ref.at[(b, pl.ds((first + s) * block_k, block_k), *heads)]
 
     produce(steps, num_stages, [Stream(source(ref), *ring) for ref, *ring in zip(refs, tiles, ready, free)])
 

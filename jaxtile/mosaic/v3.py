@@ -15,11 +15,13 @@ three warpgroups:
 
 The online softmax is base 2, as in the Triton kernels (`jaxtile._softmax`); only the
 tiles that `kv_spans` marks masked pay for the element-wise mask (`MaskSpec.visible`).
+With segment ids (packed documents) the spans come from the tile bounds they give
+(`MaskSpec.tile_bounds`), the rows' ids are loaded once and the keys' ride the ring.
 Rows that see no key give an output of 0 and an lse of ``-inf``.
 
 The backward pass recomputes attention from the lse this forward saves, in the two
-kernels of `jaxtile.mosaic.backward` where their tiles fit (head dims up to 128), else
-in the Triton family's (`jaxtile.triton.v2`; ``tuning="autotune"`` tunes that one).
+kernels of `jaxtile.mosaic.backward` where their tiles fit (head dims up to 128, no
+segment ids), else in the Triton family's (`jaxtile.triton.v2`; ``tuning="autotune"`` tunes that one).
 """
 
 from __future__ import annotations
@@ -116,16 +118,18 @@ def _requires(platform: str) -> str | None:
     return None if _hopper() else f"needs Hopper GPUs (sm_90) on {platform}"
 
 
-def _kernel(
-    q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tuning
-):
+def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tuning):
     """Algorithm 1 for one (query tile, batch, head): the producer's and both consumers'
-    parts, chosen by the warpgroup index."""
-    (q_smem, o_smem, k_smem, v_smem, lse_smem), (q_ready, (k_ready, v_ready), (k_free, v_free)), turn = scoped
+    parts, chosen by the warpgroup index. ``refs``: q, k, v, with segment ids the
+    queries', the keys' and the tile bounds (`MaskSpec.tile_bounds`), then out, lse and
+    the shared memory."""
+    q_ref, k_ref, v_ref, *segment_refs, o_ref, lse_ref, scoped = refs
+    (q_smem, o_smem, k_smem, v_smem, lse_smem, segment_smem), (q_ready, ready, free), turn = scoped
+    (k_ready, v_ready, *segment_ready), (k_free, v_free, *segment_free) = ready, free
     bq, bk, stages = tuning.block_q, tuning.block_k, tuning.num_stages
     rows = CONSUMERS * bq
     h, b, wg = lax.axis_index("heads"), lax.axis_index("batch"), lax.axis_index("wg")
-    t, spans, first, steps = _ring.key_spans(spec, dims.q_len, rows, bk)
+    t, spans, first, steps = _ring.key_spans(spec, dims.q_len, rows, bk, *segment_refs[2:])
 
     def take_turn():
         plgpu.barrier_arrive(turn)
@@ -138,6 +142,11 @@ def _kernel(
         row0 = t * rows + wg * bq
         # Line 4 (consumer): load Q_i; O_i = 0, l_i = 0, m_i = -inf.
         plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(row0, bq), h], q_tile, q_ready.at[wg])
+        if spec.has_segments:  # and the rows' segment ids
+            q_segments = segment_smem[0].at[wg]
+            plgpu.copy_gmem_to_smem(segment_refs[0].at[b, pl.ds(row0, bq)], q_segments, q_ready.at[CONSUMERS + wg])
+            plgpu.barrier_wait(q_ready.at[CONSUMERS + wg])
+            q_segment = _ring.load_stat(q_segments, 0)
         plgpu.barrier_wait(q_ready.at[wg])
         row_layout = plgpu.Layout.WGMMA.reduce(1)
         carry = (
@@ -165,10 +174,17 @@ def _kernel(
 
             pre = logits.pre(pl.run_scoped(qk, plgpu.ACC((bq, bk), jnp.float32)))
             plgpu.barrier_arrive(k_free.at[slot])
+            segments = {}
+            if spec.has_segments:  # the keys' ids come with every tile, read on masked ones
+                plgpu.barrier_wait(segment_ready[0].at[slot])
+                if masked:
+                    kv_segment = _ring.load_stat(segment_smem[1].at[slot], 1)
+                    segments = dict(
+                        q_segment=along(q_segment, pre.shape, 0), kv_segment=along(kv_segment, pre.shape, 1)
+                    )
+                plgpu.barrier_arrive(segment_free[0].at[slot])
             if masked:
-                q_idx = row0 + plgpu.broadcasted_iota(jnp.int32, (bq, bk), 0, layout=plgpu.Layout.WGMMA)
-                kv_idx = j * bk + plgpu.broadcasted_iota(jnp.int32, (bq, bk), 1, layout=plgpu.Layout.WGMMA)
-                pre = jnp.where(spec.visible(q_idx, kv_idx), pre, -jnp.inf)
+                pre = jnp.where(spec.visible(*_ring.iotas((bq, bk), row0, j * bk), **segments), pre, -jnp.inf)
             # Lines 9-10: online softmax in base 2 (a row that has seen nothing keeps
             # m_i = -inf; its base is 0 so that no -inf - -inf is formed).
             m_new = jnp.maximum(m_i, pre.max(axis=1) * logits.factor)
@@ -214,10 +230,10 @@ def _kernel(
     @pl.when(wg == CONSUMERS)
     def _producer():
         _ring.produce_keys(
-            (k_ref, v_ref),
-            (k_smem, v_smem),
-            (k_ready, v_ready),
-            (k_free, v_free),
+            (k_ref, v_ref, *segment_refs[1:2]),
+            (k_smem, v_smem, *segment_smem[1:]),
+            ready,
+            free,
             b=b,
             h_kv=lax.div(h, jnp.int32(dims.group)),
             first=first,
@@ -254,9 +270,17 @@ def forward_pass(inputs: Inputs, config: Config):
     kernel = functools.partial(_kernel, spec=config.mask, logits=config.logits, dims=dims_p, tuning=tuning)
     dtype = inputs.q.dtype
     bq, bk, stages = tuning.block_q, tuning.block_k, tuning.num_stages
+    segments = config.mask.has_segments
+    operands = (q, k, v)
+    if segments:  # padded rows and keys get ids of no segment (they are masked anyway)
+        operands += (
+            pad_to(inputs.q_segment_ids, 1, q_len, -1),
+            pad_to(inputs.kv_segment_ids, 1, kv_len, -2),
+            config.mask.tile_bounds(rows, bk, q_segment_ids=inputs.q_segment_ids, kv_segment_ids=inputs.kv_segment_ids),
+        )
     out, lse = _ring.launch(
         kernel,
-        (q, k, v),
+        operands,
         (
             jax.ShapeDtypeStruct((dims.batch, q_len, dims.num_heads, head_dim_v), dtype),
             jax.ShapeDtypeStruct((dims.batch, dims.num_heads, q_len), jnp.float32),
@@ -271,8 +295,12 @@ def forward_pass(inputs: Inputs, config: Config):
                 smem(dtype, stages, bk, head_dim),
                 smem(dtype, stages, bk, head_dim_v),
                 plgpu.SMEM((CONSUMERS, bq), jnp.float32),
+                (plgpu.SMEM((CONSUMERS, bq), jnp.int32), plgpu.SMEM((stages, bk), jnp.int32)) if segments else (),
             ),
-            (plgpu.Barrier(num_barriers=CONSUMERS), *_ring.ring_barriers(stages, 2, CONSUMERS)),
+            (
+                plgpu.Barrier(num_barriers=CONSUMERS * (2 if segments else 1)),
+                *_ring.ring_barriers(stages, 3 if segments else 2, CONSUMERS),
+            ),
             plgpu.Barrier(num_arrivals=CONSUMERS),
         ),
     )
@@ -304,11 +332,12 @@ def _forward(inputs: Inputs, config: Config):
 
 def _backward(inputs: Inputs, out, lse, dout, dlse, config: Config):
     """The Mosaic backward kernels where their tiles fit (`BackwardTuning.fits`: head dims
-    up to 128), else the Triton family's (with its own tuning, or ``"autotune"``, when the
-    call names one); ``(dq, dk, dv, None)``."""
+    up to 128) and the call has no segment ids, else the Triton family's (with its own
+    tuning, or ``"autotune"``, when the call names one); ``(dq, dk, dv, None)``."""
     dims = Shape.of(inputs.q, inputs.k, inputs.v)
     tuning = config.tuning.backward if isinstance(config.tuning, Tuning) else BackwardTuning()
-    if not tuning.fits(padded(dims.head_dim, WGMMA_ROWS), padded(dims.head_dim_v, WGMMA_ROWS), dims.itemsize):
+    fits = tuning.fits(padded(dims.head_dim, WGMMA_ROWS), padded(dims.head_dim_v, WGMMA_ROWS), dims.itemsize)
+    if config.mask.has_segments or not fits:
         if isinstance(config.tuning, Tuning):  # this family's: the Triton kernels take their table's
             config = dataclasses.replace(config, tuning=None)
         return triton_v2.IMPLEMENTATION.backward(inputs, out, lse, dout, dlse, config)
@@ -327,7 +356,7 @@ IMPLEMENTATION = registry.register(
         platforms=frozenset({"gpu"}),
         requires=_requires,
         dtypes=frozenset({"bfloat16", "float16"}),
-        features=frozenset({"causal", "window", "gqa", "soft_cap"}),
+        features=frozenset({"causal", "window", "segments", "gqa", "soft_cap"}),
         max_head_dim=256,
         power_of_two_blocks=True,
         lse_backward=True,
