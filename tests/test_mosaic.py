@@ -77,21 +77,23 @@ def test_the_forward_kernel_lowers_with_segment_ids(name):
     )
 
 
+@pytest.mark.parametrize("segments", [False, True], ids=["", "segments"])
 @pytest.mark.parametrize("name", [name for name in CALLS if CALLS[name][0][-1] <= 128])
-def test_the_backward_kernels_lower_for_cuda(name):
-    """The dK/dV and dQ kernels of every call whose head dims are at most 128, traced and
-    lowered to Mosaic GPU, with gradients of the inputs' shapes and dtypes."""
-    inputs, config = _call(*CALLS[name])
+def test_the_backward_kernels_lower_for_cuda(name, segments):
+    """The dK/dV and dQ kernels of every call whose head dims are at most 128, with and
+    without segment ids, traced and lowered to Mosaic GPU, with gradients of the inputs'
+    shapes and dtypes."""
+    inputs, config = _call(*CALLS[name], segments=segments)
     batch, q_len, heads, _ = inputs.q.shape
     out = jax.ShapeDtypeStruct((batch, q_len, heads, inputs.v.shape[-1]), inputs.q.dtype)
     lse = jax.ShapeDtypeStruct((batch, heads, q_len), jnp.float32)
 
-    def backward(q, k, v, out, lse, dout, dlse):
+    def backward(out, lse, dout, dlse, *arrays):
         return mosaic_backward.backward_pass(
-            Inputs(q, k, v), out, lse, dout, dlse, config, mosaic_backward.BackwardTuning()
+            Inputs(*arrays), out, lse, dout, dlse, config, mosaic_backward.BackwardTuning()
         )
 
-    lowered = jax.jit(backward).trace(*inputs[:3], out, lse, out, lse)
+    lowered = jax.jit(backward).trace(out, lse, out, lse, *(x for x in inputs if x is not None))
     text = lowered.lower(lowering_platforms=("cuda",)).as_text()
     assert text.count("custom_call @mosaic_gpu") == 2 and "wgmma.mma_async" in text
     for grad, x in zip(lowered.out_info, inputs[:3]):
@@ -99,9 +101,8 @@ def test_the_backward_kernels_lower_for_cuda(name):
 
 
 def test_the_backward_takes_the_triton_kernels_where_its_tiles_do_not_fit(monkeypatch):
-    """Head dims past 128 (dK_j and dV_j would not fit in a consumer's registers) and
-    segment ids go to the Triton family's backward, with the call's tuning dropped where
-    it is Mosaic's."""
+    """Head dims past 128 (dK_j and dV_j would not fit in a consumer's registers) go to
+    the Triton family's backward, with the call's tuning dropped where it is Mosaic's."""
     calls = []
     monkeypatch.setattr(v3, "backward_pass", lambda *args: calls.append("mosaic") or (None,) * 3)
     triton = types.SimpleNamespace(backward=lambda *args: calls.append(("triton", args[-1].tuning)) or (None,) * 4)
@@ -109,9 +110,7 @@ def test_the_backward_takes_the_triton_kernels_where_its_tiles_do_not_fit(monkey
     for name, tuning in (("causal", v3.Tuning()), ("d256_causal", v3.Tuning()), ("d256_causal", "autotune")):
         inputs, config = _call(*CALLS[name], tuning=tuning)
         v3._backward(inputs, None, None, None, None, config)
-    inputs, config = _call(*CALLS["causal"], segments=True)
-    v3._backward(inputs, None, None, None, None, config)
-    assert calls == ["mosaic", ("triton", None), ("triton", "autotune"), ("triton", None)]
+    assert calls == ["mosaic", ("triton", None), ("triton", "autotune")]
     assert mosaic_backward.BackwardTuning().fits(128, 128, 2)
     assert not mosaic_backward.BackwardTuning().fits(256, 256, 2)
     assert not mosaic_backward.BackwardTuning(block_k=128).fits(128, 128, 2)

@@ -130,12 +130,29 @@ def key_spans(spec: MaskSpec, q_len: int, rows: int, block_k: int, bounds_ref=No
     t = lax.axis_index("q_tiles")
     if spec.right is not None:
         t = cdiv(q_len, rows) - 1 - t
-    bounds = None
-    if bounds_ref is not None:
-        b = lax.axis_index("batch") if bounds_ref.shape[0] > 1 else 0
-        bounds = tuple(bounds_ref[b, 0, t, i] for i in range(4))
-    spans = spec.kv_spans(t, rows, block_k, bounds)
+    spans = spec.kv_spans(t, rows, block_k, tile_bounds(bounds_ref, t))
     return t, spans, spans[0].start, spans[-1].stop - spans[0].start
+
+
+def tile_bounds(bounds_ref, tile):
+    """``(lo, full_lo, full_hi, hi)`` of ``tile`` in this program's batch element from
+    `MaskSpec.tile_bounds`' ``[1|batch, 1, tiles, 4]`` (None: None), read by each thread."""
+    if bounds_ref is None:
+        return None
+    b = lax.axis_index("batch") if bounds_ref.shape[0] > 1 else 0
+    return tuple(bounds_ref[b, 0, tile, i] for i in range(4))
+
+
+def step_ids(ring, slot, masked: bool, axis: int):
+    """The segment ids ``[n]`` of this step's tile from their ``ring`` (tiles, ready and
+    free barriers), laid along ``axis`` of a ``wgmma`` tile when the step is ``masked``,
+    else None. Waited for and freed on every step, so that the barriers' phases keep
+    pace with the other operands'."""
+    tiles, ready, free = ring
+    plgpu.barrier_wait(ready.at[slot])
+    ids = load_stat(tiles.at[slot], axis) if masked else None
+    plgpu.barrier_arrive(free.at[slot])
+    return ids
 
 
 def produce_keys(refs, tiles, ready, free, *, b, h_kv, first, steps, block_k: int, num_stages: int):
@@ -150,6 +167,12 @@ def produce_keys(refs, tiles, ready, free, *, b, h_kv, first, steps, block_k: in
         return lambda s: ref.at[(b, pl.ds((first + s) * block_k, block_k), *heads)]
 
     produce(steps, num_stages, [Stream(source(ref), *ring) for ref, *ring in zip(refs, tiles, ready, free)])
+
+
+def segments(q_segment, kv_segment, shape: tuple[int, int], q_axis: int) -> dict:
+    """`MaskSpec.visible`'s segment arguments for a tile of ``shape`` whose axis
+    ``q_axis`` runs over queries (0; 1 in the transposed tiles of dK/dV)."""
+    return dict(q_segment=along(q_segment, shape, q_axis), kv_segment=along(kv_segment, shape, 1 - q_axis))
 
 
 def ring_barriers(num_stages: int, num_streams: int, consumers: int):

@@ -66,10 +66,10 @@ class BackwardTuning:
         """Bytes of the larger kernel's tiles: its consumers' own rows (in dK/dV, or the
         float32 parts of dK, dV they become) and its ring."""
         width = (head_dim + head_dim_v) * itemsize
-        stats = 2 * 4  # L_i and D_i per query row
-        own_keys = CONSUMERS * self.block_k * (head_dim + head_dim_v) * max(itemsize, 4)
+        stats = 3 * 4  # L_i, D_i and a segment id per query row
+        own_keys = CONSUMERS * self.block_k * ((head_dim + head_dim_v) * max(itemsize, 4) + 4)
         dkdv = own_keys + self.num_stages * self.block_q * (width + stats)
-        dq = CONSUMERS * self.block_q * (width + stats) + self.num_stages * self.block_k * width
+        dq = CONSUMERS * self.block_q * (width + stats) + self.num_stages * self.block_k * (width + 4)
         return max(dkdv, dq)
 
     def fits(self, head_dim: int, head_dim_v: int, itemsize: int) -> bool:
@@ -127,17 +127,19 @@ def _unscaled(acc, product, inv_scale):
     return product if inv_scale is None else acc + product / along(inv_scale, product.shape, 0)
 
 
-def _dq_kernel(
-    q_ref, k_ref, v_ref, do_ref, lse2_ref, delta_ref, dq_ref, scoped, *, spec: MaskSpec, logits, dims, tuning
-):
+def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning):
     """Line 15 for one (query tile of ``2 * block_q`` rows, batch, head):
-    ``dQ_i = Σ_j dS_ij K_j``, the producer streaming ``K_j`` and ``V_j``."""
-    (q_smem, do_smem, lse_smem, delta_smem, k_smem, v_smem), (own_ready, ready, free) = scoped
+    ``dQ_i = Σ_j dS_ij K_j``, the producer streaming ``K_j`` and ``V_j`` (and with segment
+    ids, the keys' ids; ``refs`` then hold the queries' ids, the keys' and the tile bounds
+    after the operands)."""
+    q_ref, k_ref, v_ref, do_ref, lse2_ref, delta_ref, *segment_refs, dq_ref, scoped = refs
+    (q_smem, do_smem, lse_smem, delta_smem, k_smem, v_smem, segment_smem), (own_ready, ready, free) = scoped
     bq, bk, stages = tuning.block_q, tuning.block_k, tuning.num_stages
     rows = CONSUMERS * bq
     h, b, wg = lax.axis_index("heads"), lax.axis_index("batch"), lax.axis_index("wg")
-    t, spans, first, steps = _ring.key_spans(spec, dims.q_len, rows, bk)
-    (k_ready, v_ready), (k_free, v_free) = ready, free
+    t, spans, first, steps = _ring.key_spans(spec, dims.q_len, rows, bk, *segment_refs[2:])
+    (k_ready, v_ready, *segment_ready), (k_free, v_free, *segment_free) = ready, free
+    key_ids = (segment_smem[1], *segment_ready, *segment_free) if spec.has_segments else None
 
     @pl.when(wg < CONSUMERS)
     def _consumer():
@@ -148,6 +150,7 @@ def _dq_kernel(
             (do_ref.at[b, pl.ds(row0, bq), h], do_smem.at[wg]),
             (lse2_ref.at[b, h, pl.ds(row0, bq)], lse_smem.at[wg]),
             (delta_ref.at[b, h, pl.ds(row0, bq)], delta_smem.at[wg]),
+            *([(segment_refs[0].at[b, pl.ds(row0, bq)], segment_smem[0].at[wg])] if spec.has_segments else []),
         )
         for n, (src, dst) in enumerate(own):
             plgpu.copy_gmem_to_smem(src, dst, own_ready.at[wg * len(own) + n])
@@ -155,6 +158,7 @@ def _dq_kernel(
             plgpu.barrier_wait(own_ready.at[wg * len(own) + n])
         q_i, do_i = q_smem.at[wg], do_smem.at[wg]
         lse2, delta = _ring.load_stat(lse_smem.at[wg], 0), _ring.load_stat(delta_smem.at[wg], 0)
+        q_segment = _ring.load_stat(segment_smem[0].at[wg], 0) if spec.has_segments else None
 
         def step(masked: bool, j, dq_i):
             slot = lax.rem(j - first, jnp.int32(stages))
@@ -165,7 +169,11 @@ def _dq_kernel(
             scores, dp = _products((None, q_i, k_j.transpose((1, 0))), (None, do_i, v_j.transpose((1, 0))))
             plgpu.barrier_arrive(v_free.at[slot])
             pre = logits.pre(scores)
-            visible = spec.visible(*_ring.iotas((bq, bk), row0, j * bk)) if masked else None
+            segments = {}
+            if spec.has_segments:  # the keys' ids ride the ring; read on masked tiles
+                kv_segment = _ring.step_ids(key_ids, slot, masked, 1)
+                segments = {} if kv_segment is None else _ring.segments(q_segment, kv_segment, pre.shape, 0)
+            visible = spec.visible(*_ring.iotas((bq, bk), row0, j * bk), **segments) if masked else None
             p = jnp.exp2(pre * logits.factor - along(lse2, pre.shape, 0))
             if masked:
                 p = jnp.where(visible, p, 0.0)
@@ -186,8 +194,8 @@ def _dq_kernel(
     @pl.when(wg == CONSUMERS)
     def _producer():
         _ring.produce_keys(
-            (k_ref, v_ref),
-            (k_smem, v_smem),
+            (k_ref, v_ref, *segment_refs[1:2]),
+            (k_smem, v_smem, *segment_smem[1:]),
             ready,
             free,
             b=b,
@@ -199,38 +207,27 @@ def _dq_kernel(
         )
 
 
-def _dkdv_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    do_ref,
-    lse2_ref,
-    delta_ref,
-    dk_ref,
-    dv_ref,
-    scoped,
-    *,
-    spec: MaskSpec,
-    logits,
-    dims,
-    tuning,
-    splits: int,
-):
+def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int):
     """Lines 6-18 for one (key tile of ``2 * block_k`` keys, batch, kv head, share of its
     query heads), transposed: the producer streams ``Q_i``, ``dO_i``, ``L_i`` and ``D_i``
     of each (head of the share, query tile) in turn. With several shares, each writes its
-    float32 part of dK_j, dV_j through tiles that reuse the memory of K_j, V_j."""
-    (own, q_smem, do_smem, lse_smem, delta_smem), (own_ready, consumed, ready, free) = scoped
+    float32 part of dK_j, dV_j through tiles that reuse the memory of K_j, V_j. With
+    segment ids, ``refs`` hold the queries' ids, the keys' and the transposed tile bounds
+    after the operands, and the queries' ids ride the ring."""
+    q_ref, k_ref, v_ref, do_ref, lse2_ref, delta_ref, *segment_refs, dk_ref, dv_ref, scoped = refs
+    (own, q_smem, do_smem, lse_smem, delta_smem, segment_smem), (own_ready, consumed, ready, free) = scoped
     (k_smem, v_smem), (dk_smem, dv_smem) = own if splits > 1 else (own, own)
     bq, bk, stages = tuning.block_q, tuning.block_k, tuning.num_stages
     keys = CONSUMERS * bk
     share, b, wg = lax.axis_index("shares"), lax.axis_index("batch"), lax.axis_index("wg")
     h_kv = lax.div(share, jnp.int32(splits))
     j = lax.axis_index("kv_tiles")
-    spans = spec.q_spans(j, bq, keys)
+    spans = spec.q_spans(j, bq, keys, _ring.tile_bounds(*segment_refs[2:], j) if segment_refs else None)
     first, per_head = spans[0].start, spans[-1].stop - spans[0].start
     group = dims.group // splits
-    (q_ready, do_ready, lse_ready, delta_ready), (q_free, do_free, lse_free, delta_free) = ready, free
+    (q_ready, do_ready, lse_ready, delta_ready, *segment_ready) = ready
+    (q_free, do_free, lse_free, delta_free, *segment_free) = free
+    query_ids = (segment_smem[1], *segment_ready, *segment_free) if spec.has_segments else None
 
     @pl.when(wg < CONSUMERS)
     def _consumer():
@@ -240,6 +237,11 @@ def _dkdv_kernel(
         # Lines 6-7: load K_j, V_j; dK_j = dV_j = 0.
         plgpu.copy_gmem_to_smem(k_ref.at[b, pl.ds(key0, bk), h_kv], k_j, own_ready.at[2 * wg])
         plgpu.copy_gmem_to_smem(v_ref.at[b, pl.ds(key0, bk), h_kv], v_j, own_ready.at[2 * wg + 1])
+        if spec.has_segments:  # and the keys' segment ids
+            kv_ids = segment_smem[0].at[wg]
+            plgpu.copy_gmem_to_smem(segment_refs[1].at[b, pl.ds(key0, bk)], kv_ids, own_ready.at[2 * CONSUMERS + wg])
+            plgpu.barrier_wait(own_ready.at[2 * CONSUMERS + wg])
+            kv_segment = _ring.load_stat(kv_ids, 0)
         plgpu.barrier_wait(own_ready.at[2 * wg])
         plgpu.barrier_wait(own_ready.at[2 * wg + 1])
 
@@ -256,10 +258,13 @@ def _dkdv_kernel(
             lse2 = _ring.load_stat(lse_smem.at[slot], 1)
             plgpu.barrier_arrive(lse_free.at[slot])
             p_t = jnp.exp2(pre_t * logits.factor - along(lse2, pre_t.shape, 1))
-            visible = None
+            visible, segments = None, {}
+            if spec.has_segments:  # the queries' ids ride the ring; read on masked tiles
+                q_segment = _ring.step_ids(query_ids, slot, masked, 1)
+                segments = {} if q_segment is None else _ring.segments(q_segment, kv_segment, pre_t.shape, 1)
             if masked:
                 kv_idx, q_idx = _ring.iotas((bk, bq), key0, i * bq)
-                visible = spec.visible(q_idx, kv_idx)
+                visible = spec.visible(q_idx, kv_idx, **segments)
                 p_t = jnp.where(visible, p_t, 0.0)
             plgpu.barrier_wait(delta_ready.at[slot])
             delta = _ring.load_stat(delta_smem.at[slot], 1)
@@ -317,8 +322,15 @@ def _dkdv_kernel(
 
             return source
 
+        def ids_of(ref):
+            def source(s):
+                return ref.at[b, head_and_rows(s)[1]]
+
+            return source
+
         sources = (rows_of(q_ref), rows_of(do_ref), stat_of(lse2_ref), stat_of(delta_ref))
-        tiles = (q_smem, do_smem, lse_smem, delta_smem)
+        sources += tuple(ids_of(ref) for ref in segment_refs[:1])
+        tiles = (q_smem, do_smem, lse_smem, delta_smem, *segment_smem[1:])
         _ring.produce(group * per_head, stages, [_ring.Stream(*s) for s in zip(sources, tiles, ready, free)])
 
 
@@ -359,6 +371,23 @@ def backward_pass(inputs: Inputs, out, lse, dout, dlse, config: Config, tuning: 
     dims_p = dataclasses.replace(dims, q_len=q_len, kv_len=kv_len, head_dim=head_dim, head_dim_v=head_dim_v)
     statics = dict(spec=config.mask, logits=config.logits, dims=dims_p, tuning=tuning)
     dtype, operands = q.dtype, (q, k, v, do, lse2, delta)
+    segments = config.mask.has_segments
+
+    def with_segments(rows: int, keys: int, transposed: bool):
+        """The operands, and with segment ids the queries' and the keys' (padding in no
+        segment) and the tile bounds of a kernel with these tiles."""
+        if not segments:
+            return operands
+        ids = dict(q_segment_ids=inputs.q_segment_ids, kv_segment_ids=inputs.kv_segment_ids)
+        return (
+            *operands,
+            pad_to(inputs.q_segment_ids, 1, q_len, -1),
+            pad_to(inputs.kv_segment_ids, 1, kv_len, -2),
+            config.mask.tile_bounds(rows, keys, transposed=transposed, **ids),
+        )
+
+    def id_tiles(own: int, streamed: int):  # each consumer's ids, and the ring's
+        return (plgpu.SMEM((CONSUMERS, own), jnp.int32), plgpu.SMEM((stages, streamed), jnp.int32)) if segments else ()
 
     def own_tiles(rows):  # each consumer's tiles of its rows: 2 dims (or heads), 2 stats
         return (smem(dtype, CONSUMERS, rows, head_dim), smem(dtype, CONSUMERS, rows, head_dim_v))
@@ -373,7 +402,7 @@ def backward_pass(inputs: Inputs, out, lse, dout, dlse, config: Config, tuning: 
     part = jnp.float32 if splits > 1 else dtype
     dk, dv = _ring.launch(
         functools.partial(_dkdv_kernel, splits=splits, **statics),
-        operands,
+        with_segments(bq, CONSUMERS * bk, True),
         tuple(jax.ShapeDtypeStruct((dims.batch, kv_len, shares, x.shape[-1]), part) for x in (k, v)),
         (kv_len // (CONSUMERS * bk), dims.batch, shares),
         ("kv_tiles", "batch", "shares"),
@@ -385,11 +414,12 @@ def backward_pass(inputs: Inputs, out, lse, dout, dlse, config: Config, tuning: 
                 smem(dtype, stages, bq, head_dim_v),
                 plgpu.SMEM((stages, bq), jnp.float32),
                 plgpu.SMEM((stages, bq), jnp.float32),
+                id_tiles(bk, bq),
             ),
             (
-                plgpu.Barrier(num_barriers=2 * CONSUMERS),
+                plgpu.Barrier(num_barriers=(3 if segments else 2) * CONSUMERS),
                 plgpu.Barrier(num_arrivals=CONSUMERS) if splits > 1 else None,
-                *_ring.ring_barriers(stages, 4, CONSUMERS),
+                *_ring.ring_barriers(stages, 5 if segments else 4, CONSUMERS),
             ),
         ),
     )
@@ -400,7 +430,7 @@ def backward_pass(inputs: Inputs, out, lse, dout, dlse, config: Config, tuning: 
         )
     (dq,) = _ring.launch(
         functools.partial(_dq_kernel, **statics),
-        operands,
+        with_segments(CONSUMERS * bq, bk, False),
         (jax.ShapeDtypeStruct(q.shape, dtype),),
         (dims.num_heads, q_len // (CONSUMERS * bq), dims.batch),
         ("heads", "q_tiles", "batch"),
@@ -412,8 +442,12 @@ def backward_pass(inputs: Inputs, out, lse, dout, dlse, config: Config, tuning: 
                 plgpu.SMEM((CONSUMERS, bq), jnp.float32),
                 smem(dtype, stages, bk, head_dim),
                 smem(dtype, stages, bk, head_dim_v),
+                id_tiles(bq, bk),
             ),
-            (plgpu.Barrier(num_barriers=4 * CONSUMERS), *_ring.ring_barriers(stages, 2, CONSUMERS)),
+            (
+                plgpu.Barrier(num_barriers=(5 if segments else 4) * CONSUMERS),
+                *_ring.ring_barriers(stages, 3 if segments else 2, CONSUMERS),
+            ),
         ),
     )
     crop = (slice(None), slice(None, dims.q_len), slice(None))

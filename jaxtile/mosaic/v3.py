@@ -20,8 +20,8 @@ With segment ids (packed documents) the spans come from the tile bounds they giv
 Rows that see no key give an output of 0 and an lse of ``-inf``.
 
 The backward pass recomputes attention from the lse this forward saves, in the two
-kernels of `jaxtile.mosaic.backward` where their tiles fit (head dims up to 128, no
-segment ids), else in the Triton family's (`jaxtile.triton.v2`; ``tuning="autotune"`` tunes that one).
+kernels of `jaxtile.mosaic.backward` where their tiles fit (head dims up to 128), else
+in the Triton family's (`jaxtile.triton.v2`; ``tuning="autotune"`` tunes that one).
 """
 
 from __future__ import annotations
@@ -126,6 +126,7 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
     q_ref, k_ref, v_ref, *segment_refs, o_ref, lse_ref, scoped = refs
     (q_smem, o_smem, k_smem, v_smem, lse_smem, segment_smem), (q_ready, ready, free), turn = scoped
     (k_ready, v_ready, *segment_ready), (k_free, v_free, *segment_free) = ready, free
+    key_ids = (segment_smem[1], *segment_ready, *segment_free) if spec.has_segments else None
     bq, bk, stages = tuning.block_q, tuning.block_k, tuning.num_stages
     rows = CONSUMERS * bq
     h, b, wg = lax.axis_index("heads"), lax.axis_index("batch"), lax.axis_index("wg")
@@ -175,14 +176,9 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
             pre = logits.pre(pl.run_scoped(qk, plgpu.ACC((bq, bk), jnp.float32)))
             plgpu.barrier_arrive(k_free.at[slot])
             segments = {}
-            if spec.has_segments:  # the keys' ids come with every tile, read on masked ones
-                plgpu.barrier_wait(segment_ready[0].at[slot])
-                if masked:
-                    kv_segment = _ring.load_stat(segment_smem[1].at[slot], 1)
-                    segments = dict(
-                        q_segment=along(q_segment, pre.shape, 0), kv_segment=along(kv_segment, pre.shape, 1)
-                    )
-                plgpu.barrier_arrive(segment_free[0].at[slot])
+            if spec.has_segments:  # the keys' ids ride the ring; read on masked tiles
+                kv_segment = _ring.step_ids(key_ids, slot, masked, 1)
+                segments = {} if kv_segment is None else _ring.segments(q_segment, kv_segment, pre.shape, 0)
             if masked:
                 pre = jnp.where(spec.visible(*_ring.iotas((bq, bk), row0, j * bk), **segments), pre, -jnp.inf)
             # Lines 9-10: online softmax in base 2 (a row that has seen nothing keeps
@@ -332,12 +328,11 @@ def _forward(inputs: Inputs, config: Config):
 
 def _backward(inputs: Inputs, out, lse, dout, dlse, config: Config):
     """The Mosaic backward kernels where their tiles fit (`BackwardTuning.fits`: head dims
-    up to 128) and the call has no segment ids, else the Triton family's (with its own
-    tuning, or ``"autotune"``, when the call names one); ``(dq, dk, dv, None)``."""
+    up to 128), else the Triton family's (with its own tuning, or ``"autotune"``, when the
+    call names one); ``(dq, dk, dv, None)``."""
     dims = Shape.of(inputs.q, inputs.k, inputs.v)
     tuning = config.tuning.backward if isinstance(config.tuning, Tuning) else BackwardTuning()
-    fits = tuning.fits(padded(dims.head_dim, WGMMA_ROWS), padded(dims.head_dim_v, WGMMA_ROWS), dims.itemsize)
-    if config.mask.has_segments or not fits:
+    if not tuning.fits(padded(dims.head_dim, WGMMA_ROWS), padded(dims.head_dim_v, WGMMA_ROWS), dims.itemsize):
         if isinstance(config.tuning, Tuning):  # this family's: the Triton kernels take their table's
             config = dataclasses.replace(config, tuning=None)
         return triton_v2.IMPLEMENTATION.backward(inputs, out, lse, dout, dlse, config)
