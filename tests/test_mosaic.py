@@ -31,16 +31,19 @@ CALLS = {
 }
 
 
-def _call(q_shape, kv_len, kv_heads, head_dim_v, causal, window, soft_cap, dtype, segments=False, **config):
-    """Abstract inputs and the config of a call (with ``segments``, segment ids of the
-    queries and keys)."""
+def _call(q_shape, kv_len, kv_heads, head_dim_v, causal, window, soft_cap, dtype, runtime="", **config):
+    """Abstract inputs and the config of a call; ``runtime`` names the runtime parts of
+    its mask: ``"segments"`` (ids of the queries and the keys), ``"lengths"`` or both."""
     batch, q_len, _, head_dim = q_shape
     q = jax.ShapeDtypeStruct(q_shape, dtype)
     k = jax.ShapeDtypeStruct((batch, kv_len, kv_heads, head_dim), dtype)
     v = jax.ShapeDtypeStruct((batch, kv_len, kv_heads, head_dim_v), dtype)
-    ids = [jax.ShapeDtypeStruct((batch, n), jnp.int32) for n in (q_len, kv_len)] if segments else []
-    spec = MaskSpec.create(q_len, kv_len, causal=causal, window=window, has_segments=segments)
-    return Inputs(q, k, v, *ids), Config(spec, Logits(head_dim**-0.5, soft_cap), platform="gpu", **config)
+    segments, lengths = "segments" in runtime, "lengths" in runtime
+    ids = [jax.ShapeDtypeStruct((batch, n), jnp.int32) if segments else None for n in (q_len, kv_len)]
+    lengths_array = jax.ShapeDtypeStruct((batch, 2), jnp.int32) if lengths else None
+    spec = MaskSpec.create(q_len, kv_len, causal=causal, window=window, has_segments=segments, has_lengths=lengths)
+    config = Config(spec, Logits(head_dim**-0.5, soft_cap), platform="gpu", **config)
+    return Inputs(q, k, v, *ids, lengths=lengths_array), config
 
 
 @pytest.mark.parametrize("name", CALLS)
@@ -57,16 +60,21 @@ def test_the_forward_kernel_lowers_for_cuda(name):
     assert lse.shape == (batch, heads, q_len) and lse.dtype == jnp.float32
 
 
+RUNTIME = ["segments", "lengths", "segments+lengths"]
+
+
+@pytest.mark.parametrize("runtime", RUNTIME)
 @pytest.mark.parametrize("name", ["causal", "window_gqa_ragged_d80_v48", "two_sided_window_soft_cap"])
-def test_the_forward_kernel_lowers_with_segment_ids(name):
-    """With segment ids the kernel also reads the tile bounds they give
-    (`MaskSpec.tile_bounds`), the rows' ids and a ring of the keys' ids."""
-    inputs, config = _call(*CALLS[name], segments=True)
+def test_the_forward_kernel_lowers_with_runtime_masks(name, runtime):
+    """With segment ids or lengths the kernel also reads the tile bounds they give
+    (`MaskSpec.tile_bounds`), and the rows' ids and a ring of the keys' ids, or the
+    lengths."""
+    inputs, config = _call(*CALLS[name], runtime=runtime)
 
-    def forward(q, k, v, q_segment_ids, kv_segment_ids):
-        return v3.forward_pass(Inputs(q, k, v, q_segment_ids, kv_segment_ids), config)
+    def forward(inputs):
+        return v3.forward_pass(inputs, config)
 
-    lowered = jax.jit(forward).trace(*inputs[:5])
+    lowered = jax.jit(forward).trace(inputs)
     text = lowered.lower(lowering_platforms=("cuda",)).as_text()
     assert "mosaic_gpu" in text and "wgmma.mma_async" in text
     out, lse = lowered.out_info
@@ -77,23 +85,21 @@ def test_the_forward_kernel_lowers_with_segment_ids(name):
     )
 
 
-@pytest.mark.parametrize("segments", [False, True], ids=["", "segments"])
+@pytest.mark.parametrize("runtime", ["", *RUNTIME])
 @pytest.mark.parametrize("name", [name for name in CALLS if CALLS[name][0][-1] <= 128])
-def test_the_backward_kernels_lower_for_cuda(name, segments):
+def test_the_backward_kernels_lower_for_cuda(name, runtime):
     """The dK/dV and dQ kernels of every call whose head dims are at most 128, with and
-    without segment ids, traced and lowered to Mosaic GPU, with gradients of the inputs'
-    shapes and dtypes."""
-    inputs, config = _call(*CALLS[name], segments=segments)
+    without runtime masks, traced and lowered to Mosaic GPU, with gradients of the
+    inputs' shapes and dtypes."""
+    inputs, config = _call(*CALLS[name], runtime=runtime)
     batch, q_len, heads, _ = inputs.q.shape
     out = jax.ShapeDtypeStruct((batch, q_len, heads, inputs.v.shape[-1]), inputs.q.dtype)
     lse = jax.ShapeDtypeStruct((batch, heads, q_len), jnp.float32)
 
-    def backward(out, lse, dout, dlse, *arrays):
-        return mosaic_backward.backward_pass(
-            Inputs(*arrays), out, lse, dout, dlse, config, mosaic_backward.BackwardTuning()
-        )
+    def backward(out, lse, dout, dlse, inputs):
+        return mosaic_backward.backward_pass(inputs, out, lse, dout, dlse, config, mosaic_backward.BackwardTuning())
 
-    lowered = jax.jit(backward).trace(out, lse, out, lse, *(x for x in inputs if x is not None))
+    lowered = jax.jit(backward).trace(out, lse, out, lse, inputs)
     text = lowered.lower(lowering_platforms=("cuda",)).as_text()
     assert text.count("custom_call @mosaic_gpu") == 2 and "wgmma.mma_async" in text
     for grad, x in zip(lowered.out_info, inputs[:3]):
@@ -134,9 +140,9 @@ def test_the_dkdv_kernel_shares_a_kv_heads_query_heads_when_programs_are_few():
 
 
 def test_it_is_the_default_on_hopper_for_the_calls_it_supports(monkeypatch):
-    """On Hopper, the calls its record declares (segment ids among them); split-KV decoding
-    keeps short queries, and everything else (float32, dense masks, lengths, other GPUs)
-    falls back to the Triton family."""
+    """On Hopper, the calls its record declares (segment ids and lengths among them);
+    split-KV decoding keeps short queries, and everything else (float32, dense masks,
+    other GPUs) falls back to the Triton family."""
     monkeypatch.setattr(v3, "_hopper", lambda: True)
 
     def chosen(q_len=1024, dtype=jnp.bfloat16, **spec):
@@ -150,7 +156,7 @@ def test_it_is_the_default_on_hopper_for_the_calls_it_supports(monkeypatch):
     assert chosen(dtype=jnp.float32) == "pallas_v2"
     assert chosen(has_segments=True) == "mosaic_v3"
     assert chosen(has_dense_mask=True) == "pallas_v2"
-    assert chosen(has_lengths=True) == "pallas_v2"
+    assert chosen(has_lengths=True) == "mosaic_v3"
     monkeypatch.setattr(v3, "_hopper", lambda: False)
     assert chosen() == "pallas_v2"
     with pytest.raises(registry.Unsupported, match=r"mosaic_v3 needs Hopper GPUs \(sm_90\) on gpu.*'pallas_v2'"):

@@ -134,6 +134,46 @@ def key_spans(spec: MaskSpec, q_len: int, rows: int, block_k: int, bounds_ref=No
     return t, spans, spans[0].start, spans[-1].stop - spans[0].start
 
 
+def runtime_operands(inputs, spec: MaskSpec, q_len: int, kv_len: int, rows: int, keys: int, transposed: bool = False):
+    """The runtime parts of the mask for a kernel whose tiles are ``rows`` by ``keys``:
+    the segment ids of the queries and the keys (padded to ``q_len``, ``kv_len`` with
+    ids of no segment), the lengths ``[batch, 2]``, and the tile bounds
+    (`MaskSpec.tile_bounds`, transposed for loops over query tiles), each where the call
+    has it (`runtime_refs` splits them again)."""
+    operands = []
+    if spec.has_segments:
+        operands += [pad_to(inputs.q_segment_ids, 1, q_len, -1), pad_to(inputs.kv_segment_ids, 1, kv_len, -2)]
+    if spec.has_lengths:
+        operands.append(inputs.lengths)
+    ids = dict(q_segment_ids=inputs.q_segment_ids, kv_segment_ids=inputs.kv_segment_ids)
+    bounds = spec.tile_bounds(rows, keys, transposed=transposed, lengths=inputs.lengths, **ids)
+    return (*operands, *([] if bounds is None else [bounds]))
+
+
+def runtime_refs(spec: MaskSpec, refs):
+    """`runtime_operands`' refs as (the queries' and the keys' segment ids, or (); the
+    lengths; the tile bounds; None where the call has none)."""
+    refs = list(refs)
+    ids = (refs.pop(0), refs.pop(0)) if spec.has_segments else ()
+    lengths = refs.pop(0) if spec.has_lengths else None
+    return ids, lengths, refs.pop(0) if refs else None
+
+
+def read_lengths(lengths_ref):
+    """This program's ``(q_length, kv_length)`` scalars from ``[batch, 2]`` (None: None)."""
+    if lengths_ref is None:
+        return None
+    b = lax.axis_index("batch")
+    return lengths_ref[b, 0], lengths_ref[b, 1]
+
+
+def lengths_tiles(lengths, shape: tuple[int, int]) -> dict:
+    """`MaskSpec.visible`'s ``lengths`` for a ``wgmma`` tile of ``shape`` ({} without)."""
+    if lengths is None:
+        return {}
+    return dict(lengths=tuple(plgpu.layout_cast(jnp.full(shape, n, jnp.int32), plgpu.Layout.WGMMA) for n in lengths))
+
+
 def tile_bounds(bounds_ref, tile):
     """``(lo, full_lo, full_hi, hi)`` of ``tile`` in this program's batch element from
     `MaskSpec.tile_bounds`' ``[1|batch, 1, tiles, 4]`` (None: None), read by each thread."""

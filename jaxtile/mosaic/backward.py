@@ -130,14 +130,15 @@ def _unscaled(acc, product, inv_scale):
 def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning):
     """Line 15 for one (query tile of ``2 * block_q`` rows, batch, head):
     ``dQ_i = Σ_j dS_ij K_j``, the producer streaming ``K_j`` and ``V_j`` (and with segment
-    ids, the keys' ids; ``refs`` then hold the queries' ids, the keys' and the tile bounds
-    after the operands)."""
-    q_ref, k_ref, v_ref, do_ref, lse2_ref, delta_ref, *segment_refs, dq_ref, scoped = refs
+    ids, the keys' ids). ``refs``: the operands, the runtime parts of the mask the call
+    has (`_ring.runtime_operands`), dq and the shared memory."""
+    q_ref, k_ref, v_ref, do_ref, lse2_ref, delta_ref, *runtime, dq_ref, scoped = refs
+    ids, lengths_ref, bounds_ref = _ring.runtime_refs(spec, runtime)
     (q_smem, do_smem, lse_smem, delta_smem, k_smem, v_smem, segment_smem), (own_ready, ready, free) = scoped
     bq, bk, stages = tuning.block_q, tuning.block_k, tuning.num_stages
     rows = CONSUMERS * bq
     h, b, wg = lax.axis_index("heads"), lax.axis_index("batch"), lax.axis_index("wg")
-    t, spans, first, steps = _ring.key_spans(spec, dims.q_len, rows, bk, *segment_refs[2:])
+    t, spans, first, steps = _ring.key_spans(spec, dims.q_len, rows, bk, bounds_ref)
     (k_ready, v_ready, *segment_ready), (k_free, v_free, *segment_free) = ready, free
     key_ids = (segment_smem[1], *segment_ready, *segment_free) if spec.has_segments else None
 
@@ -150,7 +151,7 @@ def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning):
             (do_ref.at[b, pl.ds(row0, bq), h], do_smem.at[wg]),
             (lse2_ref.at[b, h, pl.ds(row0, bq)], lse_smem.at[wg]),
             (delta_ref.at[b, h, pl.ds(row0, bq)], delta_smem.at[wg]),
-            *([(segment_refs[0].at[b, pl.ds(row0, bq)], segment_smem[0].at[wg])] if spec.has_segments else []),
+            *([(ids[0].at[b, pl.ds(row0, bq)], segment_smem[0].at[wg])] if spec.has_segments else []),
         )
         for n, (src, dst) in enumerate(own):
             plgpu.copy_gmem_to_smem(src, dst, own_ready.at[wg * len(own) + n])
@@ -159,6 +160,7 @@ def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning):
         q_i, do_i = q_smem.at[wg], do_smem.at[wg]
         lse2, delta = _ring.load_stat(lse_smem.at[wg], 0), _ring.load_stat(delta_smem.at[wg], 0)
         q_segment = _ring.load_stat(segment_smem[0].at[wg], 0) if spec.has_segments else None
+        lengths = _ring.read_lengths(lengths_ref)
 
         def step(masked: bool, j, dq_i):
             slot = lax.rem(j - first, jnp.int32(stages))
@@ -173,7 +175,10 @@ def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning):
             if spec.has_segments:  # the keys' ids ride the ring; read on masked tiles
                 kv_segment = _ring.step_ids(key_ids, slot, masked, 1)
                 segments = {} if kv_segment is None else _ring.segments(q_segment, kv_segment, pre.shape, 0)
-            visible = spec.visible(*_ring.iotas((bq, bk), row0, j * bk), **segments) if masked else None
+            visible = None
+            if masked:
+                runtime = dict(**segments, **_ring.lengths_tiles(lengths, pre.shape))
+                visible = spec.visible(*_ring.iotas((bq, bk), row0, j * bk), **runtime)
             p = jnp.exp2(pre * logits.factor - along(lse2, pre.shape, 0))
             if masked:
                 p = jnp.where(visible, p, 0.0)
@@ -194,7 +199,7 @@ def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning):
     @pl.when(wg == CONSUMERS)
     def _producer():
         _ring.produce_keys(
-            (k_ref, v_ref, *segment_refs[1:2]),
+            (k_ref, v_ref, *ids[1:]),
             (k_smem, v_smem, *segment_smem[1:]),
             ready,
             free,
@@ -211,10 +216,11 @@ def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int):
     """Lines 6-18 for one (key tile of ``2 * block_k`` keys, batch, kv head, share of its
     query heads), transposed: the producer streams ``Q_i``, ``dO_i``, ``L_i`` and ``D_i``
     of each (head of the share, query tile) in turn. With several shares, each writes its
-    float32 part of dK_j, dV_j through tiles that reuse the memory of K_j, V_j. With
-    segment ids, ``refs`` hold the queries' ids, the keys' and the transposed tile bounds
-    after the operands, and the queries' ids ride the ring."""
-    q_ref, k_ref, v_ref, do_ref, lse2_ref, delta_ref, *segment_refs, dk_ref, dv_ref, scoped = refs
+    float32 part of dK_j, dV_j through tiles that reuse the memory of K_j, V_j. ``refs``:
+    the operands, the runtime parts of the mask the call has (`_ring.runtime_operands`;
+    the queries' segment ids ride the ring), dk, dv and the shared memory."""
+    q_ref, k_ref, v_ref, do_ref, lse2_ref, delta_ref, *runtime, dk_ref, dv_ref, scoped = refs
+    ids, lengths_ref, bounds_ref = _ring.runtime_refs(spec, runtime)
     (own, q_smem, do_smem, lse_smem, delta_smem, segment_smem), (own_ready, consumed, ready, free) = scoped
     (k_smem, v_smem), (dk_smem, dv_smem) = own if splits > 1 else (own, own)
     bq, bk, stages = tuning.block_q, tuning.block_k, tuning.num_stages
@@ -222,7 +228,7 @@ def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int):
     share, b, wg = lax.axis_index("shares"), lax.axis_index("batch"), lax.axis_index("wg")
     h_kv = lax.div(share, jnp.int32(splits))
     j = lax.axis_index("kv_tiles")
-    spans = spec.q_spans(j, bq, keys, _ring.tile_bounds(*segment_refs[2:], j) if segment_refs else None)
+    spans = spec.q_spans(j, bq, keys, _ring.tile_bounds(bounds_ref, j))
     first, per_head = spans[0].start, spans[-1].stop - spans[0].start
     group = dims.group // splits
     (q_ready, do_ready, lse_ready, delta_ready, *segment_ready) = ready
@@ -239,11 +245,12 @@ def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int):
         plgpu.copy_gmem_to_smem(v_ref.at[b, pl.ds(key0, bk), h_kv], v_j, own_ready.at[2 * wg + 1])
         if spec.has_segments:  # and the keys' segment ids
             kv_ids = segment_smem[0].at[wg]
-            plgpu.copy_gmem_to_smem(segment_refs[1].at[b, pl.ds(key0, bk)], kv_ids, own_ready.at[2 * CONSUMERS + wg])
+            plgpu.copy_gmem_to_smem(ids[1].at[b, pl.ds(key0, bk)], kv_ids, own_ready.at[2 * CONSUMERS + wg])
             plgpu.barrier_wait(own_ready.at[2 * CONSUMERS + wg])
             kv_segment = _ring.load_stat(kv_ids, 0)
         plgpu.barrier_wait(own_ready.at[2 * wg])
         plgpu.barrier_wait(own_ready.at[2 * wg + 1])
+        lengths = _ring.read_lengths(lengths_ref)
 
         def step(g, masked: bool, i, carry):
             dk_j, dv_j = carry
@@ -264,7 +271,7 @@ def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int):
                 segments = {} if q_segment is None else _ring.segments(q_segment, kv_segment, pre_t.shape, 1)
             if masked:
                 kv_idx, q_idx = _ring.iotas((bk, bq), key0, i * bq)
-                visible = spec.visible(q_idx, kv_idx, **segments)
+                visible = spec.visible(q_idx, kv_idx, **segments, **_ring.lengths_tiles(lengths, pre_t.shape))
                 p_t = jnp.where(visible, p_t, 0.0)
             plgpu.barrier_wait(delta_ready.at[slot])
             delta = _ring.load_stat(delta_smem.at[slot], 1)
@@ -329,7 +336,7 @@ def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int):
             return source
 
         sources = (rows_of(q_ref), rows_of(do_ref), stat_of(lse2_ref), stat_of(delta_ref))
-        sources += tuple(ids_of(ref) for ref in segment_refs[:1])
+        sources += tuple(ids_of(ref) for ref in ids[:1])
         tiles = (q_smem, do_smem, lse_smem, delta_smem, *segment_smem[1:])
         _ring.produce(group * per_head, stages, [_ring.Stream(*s) for s in zip(sources, tiles, ready, free)])
 
@@ -373,19 +380,6 @@ def backward_pass(inputs: Inputs, out, lse, dout, dlse, config: Config, tuning: 
     dtype, operands = q.dtype, (q, k, v, do, lse2, delta)
     segments = config.mask.has_segments
 
-    def with_segments(rows: int, keys: int, transposed: bool):
-        """The operands, and with segment ids the queries' and the keys' (padding in no
-        segment) and the tile bounds of a kernel with these tiles."""
-        if not segments:
-            return operands
-        ids = dict(q_segment_ids=inputs.q_segment_ids, kv_segment_ids=inputs.kv_segment_ids)
-        return (
-            *operands,
-            pad_to(inputs.q_segment_ids, 1, q_len, -1),
-            pad_to(inputs.kv_segment_ids, 1, kv_len, -2),
-            config.mask.tile_bounds(rows, keys, transposed=transposed, **ids),
-        )
-
     def id_tiles(own: int, streamed: int):  # each consumer's ids, and the ring's
         return (plgpu.SMEM((CONSUMERS, own), jnp.int32), plgpu.SMEM((stages, streamed), jnp.int32)) if segments else ()
 
@@ -402,7 +396,7 @@ def backward_pass(inputs: Inputs, out, lse, dout, dlse, config: Config, tuning: 
     part = jnp.float32 if splits > 1 else dtype
     dk, dv = _ring.launch(
         functools.partial(_dkdv_kernel, splits=splits, **statics),
-        with_segments(bq, CONSUMERS * bk, True),
+        (*operands, *_ring.runtime_operands(inputs, config.mask, q_len, kv_len, bq, CONSUMERS * bk, True)),
         tuple(jax.ShapeDtypeStruct((dims.batch, kv_len, shares, x.shape[-1]), part) for x in (k, v)),
         (kv_len // (CONSUMERS * bk), dims.batch, shares),
         ("kv_tiles", "batch", "shares"),
@@ -430,7 +424,7 @@ def backward_pass(inputs: Inputs, out, lse, dout, dlse, config: Config, tuning: 
         )
     (dq,) = _ring.launch(
         functools.partial(_dq_kernel, **statics),
-        with_segments(CONSUMERS * bq, bk, False),
+        (*operands, *_ring.runtime_operands(inputs, config.mask, q_len, kv_len, CONSUMERS * bq, bk)),
         (jax.ShapeDtypeStruct(q.shape, dtype),),
         (dims.num_heads, q_len // (CONSUMERS * bq), dims.batch),
         ("heads", "q_tiles", "batch"),

@@ -15,8 +15,9 @@ three warpgroups:
 
 The online softmax is base 2, as in the Triton kernels (`jaxtile._softmax`); only the
 tiles that `kv_spans` marks masked pay for the element-wise mask (`MaskSpec.visible`).
-With segment ids (packed documents) the spans come from the tile bounds they give
-(`MaskSpec.tile_bounds`), the rows' ids are loaded once and the keys' ride the ring.
+With segment ids (packed documents) or lengths the spans come from the tile bounds they
+give (`MaskSpec.tile_bounds`); the rows' ids are loaded once and the keys' ride the
+ring, and the lengths are read once.
 Rows that see no key give an output of 0 and an lse of ``-inf``.
 
 The backward pass recomputes attention from the lse this forward saves, in the two
@@ -120,17 +121,17 @@ def _requires(platform: str) -> str | None:
 
 def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tuning):
     """Algorithm 1 for one (query tile, batch, head): the producer's and both consumers'
-    parts, chosen by the warpgroup index. ``refs``: q, k, v, with segment ids the
-    queries', the keys' and the tile bounds (`MaskSpec.tile_bounds`), then out, lse and
-    the shared memory."""
-    q_ref, k_ref, v_ref, *segment_refs, o_ref, lse_ref, scoped = refs
+    parts, chosen by the warpgroup index. ``refs``: q, k, v, the runtime parts of the
+    mask the call has (`_ring.runtime_operands`), out, lse and the shared memory."""
+    q_ref, k_ref, v_ref, *runtime, o_ref, lse_ref, scoped = refs
+    ids, lengths_ref, bounds_ref = _ring.runtime_refs(spec, runtime)
     (q_smem, o_smem, k_smem, v_smem, lse_smem, segment_smem), (q_ready, ready, free), turn = scoped
     (k_ready, v_ready, *segment_ready), (k_free, v_free, *segment_free) = ready, free
     key_ids = (segment_smem[1], *segment_ready, *segment_free) if spec.has_segments else None
     bq, bk, stages = tuning.block_q, tuning.block_k, tuning.num_stages
     rows = CONSUMERS * bq
     h, b, wg = lax.axis_index("heads"), lax.axis_index("batch"), lax.axis_index("wg")
-    t, spans, first, steps = _ring.key_spans(spec, dims.q_len, rows, bk, *segment_refs[2:])
+    t, spans, first, steps = _ring.key_spans(spec, dims.q_len, rows, bk, bounds_ref)
 
     def take_turn():
         plgpu.barrier_arrive(turn)
@@ -145,10 +146,11 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
         plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(row0, bq), h], q_tile, q_ready.at[wg])
         if spec.has_segments:  # and the rows' segment ids
             q_segments = segment_smem[0].at[wg]
-            plgpu.copy_gmem_to_smem(segment_refs[0].at[b, pl.ds(row0, bq)], q_segments, q_ready.at[CONSUMERS + wg])
+            plgpu.copy_gmem_to_smem(ids[0].at[b, pl.ds(row0, bq)], q_segments, q_ready.at[CONSUMERS + wg])
             plgpu.barrier_wait(q_ready.at[CONSUMERS + wg])
             q_segment = _ring.load_stat(q_segments, 0)
         plgpu.barrier_wait(q_ready.at[wg])
+        lengths = _ring.read_lengths(lengths_ref)
         row_layout = plgpu.Layout.WGMMA.reduce(1)
         carry = (
             plgpu.layout_cast(jnp.zeros((bq, dims.head_dim_v), jnp.float32), plgpu.Layout.WGMMA),
@@ -180,7 +182,8 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
                 kv_segment = _ring.step_ids(key_ids, slot, masked, 1)
                 segments = {} if kv_segment is None else _ring.segments(q_segment, kv_segment, pre.shape, 0)
             if masked:
-                pre = jnp.where(spec.visible(*_ring.iotas((bq, bk), row0, j * bk), **segments), pre, -jnp.inf)
+                runtime = dict(**segments, **_ring.lengths_tiles(lengths, pre.shape))
+                pre = jnp.where(spec.visible(*_ring.iotas((bq, bk), row0, j * bk), **runtime), pre, -jnp.inf)
             # Lines 9-10: online softmax in base 2 (a row that has seen nothing keeps
             # m_i = -inf; its base is 0 so that no -inf - -inf is formed).
             m_new = jnp.maximum(m_i, pre.max(axis=1) * logits.factor)
@@ -226,7 +229,7 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
     @pl.when(wg == CONSUMERS)
     def _producer():
         _ring.produce_keys(
-            (k_ref, v_ref, *segment_refs[1:2]),
+            (k_ref, v_ref, *ids[1:]),
             (k_smem, v_smem, *segment_smem[1:]),
             ready,
             free,
@@ -267,16 +270,9 @@ def forward_pass(inputs: Inputs, config: Config):
     dtype = inputs.q.dtype
     bq, bk, stages = tuning.block_q, tuning.block_k, tuning.num_stages
     segments = config.mask.has_segments
-    operands = (q, k, v)
-    if segments:  # padded rows and keys get ids of no segment (they are masked anyway)
-        operands += (
-            pad_to(inputs.q_segment_ids, 1, q_len, -1),
-            pad_to(inputs.kv_segment_ids, 1, kv_len, -2),
-            config.mask.tile_bounds(rows, bk, q_segment_ids=inputs.q_segment_ids, kv_segment_ids=inputs.kv_segment_ids),
-        )
     out, lse = _ring.launch(
         kernel,
-        operands,
+        (q, k, v, *_ring.runtime_operands(inputs, config.mask, q_len, kv_len, rows, bk)),
         (
             jax.ShapeDtypeStruct((dims.batch, q_len, dims.num_heads, head_dim_v), dtype),
             jax.ShapeDtypeStruct((dims.batch, dims.num_heads, q_len), jnp.float32),
@@ -351,7 +347,7 @@ IMPLEMENTATION = registry.register(
         platforms=frozenset({"gpu"}),
         requires=_requires,
         dtypes=frozenset({"bfloat16", "float16"}),
-        features=frozenset({"causal", "window", "segments", "gqa", "soft_cap"}),
+        features=frozenset({"causal", "window", "segments", "lengths", "gqa", "soft_cap"}),
         max_head_dim=256,
         power_of_two_blocks=True,
         lse_backward=True,
