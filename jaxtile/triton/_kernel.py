@@ -228,18 +228,27 @@ def load_tile(ref, b, h, start, block: int, length: int, dim: int, *, ragged: bo
 class Pages:
     """Keys and values in a pool of pages, ``[num_kv_heads, num_pages, page_size, dim]``,
     that sequence ``b`` reads through row ``b`` of a page table ``[batch,
-    pages_per_sequence]`` (the layout of vLLM and of JAX's TPU paged attention). Key
-    tiles never straddle a page: ``block_k`` divides ``page_size``."""
+    pages_per_sequence]`` (the layout of vLLM and of JAX's TPU paged attention)."""
 
     page_size: int
     num_pages: int
 
     def load(self, ref, table, b, h, start, block: int, length: int, dim: int, *, ragged: bool):
         """`load_tile` of the sequence's keys ``start:start+block``, through the table
-        (an index out of the pool is clipped into it, never read out of bounds)."""
-        page = jnp.clip(table[b, lax.div(start, np.int32(self.page_size))], 0, self.num_pages - 1)
+        (an index out of the pool is clipped into it, never read out of bounds). A tile
+        within one page is a slice of it; a tile over several pages (or across a page
+        boundary) gathers its rows, so that the tile need not shrink to the page."""
         mask = _and((start + _iota(block) < length)[:, None] if ragged else None, _in_dims(ref.shape[-1], dim))
-        view = ref.at[h, page, pl.ds(lax.rem(start, np.int32(self.page_size)), block), :]
+        page_size = np.int32(self.page_size)
+        if self.page_size % block == 0:
+            page = jnp.clip(table[b, lax.div(start, page_size)], 0, self.num_pages - 1)
+            view = ref.at[h, page, pl.ds(lax.rem(start, page_size), block), :]
+        else:
+            keys = start + _iota(block)
+            slots = jnp.minimum(lax.div(keys, page_size), table.shape[1] - 1)
+            pages = jnp.clip(table[b, slots], 0, self.num_pages - 1)
+            columns = _iota(ref.shape[-1])[None, :]
+            view = ref.at[h, pages[:, None], lax.rem(keys, page_size)[:, None], columns]
         return view[...] if mask is None else plgpu.load(view, mask=mask, other=0.0)
 
 

@@ -34,7 +34,7 @@ from jax import lax
 
 from jaxtile import _softmax as sm
 from jaxtile import registry
-from jaxtile._core import AUTOTUNE, Config, Inputs, Shape, differentiable, gather_pages
+from jaxtile._core import AUTOTUNE, Config, Inputs, Shape, differentiable
 from jaxtile.mask import cdiv
 from jaxtile.triton import _kernel as pk
 from jaxtile.triton import tuning as tn
@@ -183,16 +183,8 @@ def forward_pass(
     (split-KV decoding; one without it). With ``paged = (k_pages, v_pages, page_table)``
     (`pk.Pages`) the kernel reads K and V from the pages, and ``inputs.k``/``inputs.v``
     only give the shape of the cache they hold (``[batch, pages_per_sequence ·
-    page_size, num_kv_heads, dim]``); pages that are not a power of two of at least 16
-    keys, which no key tile divides, are gathered into that cache first."""
-    pages = None
-    if paged is not None:
-        _, num_pages, page_size, _ = paged[0].shape
-        if page_size < pk.MIN_BLOCK or page_size & (page_size - 1):
-            k, v = (gather_pages(pool, paged[2]) for pool in paged[:2])
-            return forward_pass(inputs._replace(k=k, v=v), config, tuning, splits=splits)
-        pages = pk.Pages(page_size, num_pages)
-        tuning = dataclasses.replace(tuning, block_k=min(tuning.block_k, page_size))
+    page_size, num_kv_heads, dim]``)."""
+    pages = None if paged is None else pk.Pages(page_size=paged[0].shape[2], num_pages=paged[0].shape[1])
     kernel = pk.Kernel.create(inputs, config, tuning, _FORWARD, packable=_packable(inputs))
     dims, tiles = kernel.dims, kernel.tiles
     shares = 1 if splits is None else splits(dims, tiles)
