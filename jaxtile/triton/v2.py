@@ -35,7 +35,6 @@ from jax import lax
 from jaxtile import _softmax as sm
 from jaxtile import registry
 from jaxtile._core import AUTOTUNE, Config, Inputs, Shape, differentiable
-from jaxtile.mask import cdiv
 from jaxtile.triton import _kernel as pk
 from jaxtile.triton import tuning as tn
 
@@ -158,10 +157,15 @@ def _forward_kernel(*refs, kernel: pk.Kernel, splits: int, pages: pk.Pages | Non
         jnp.full((tiles.block_q,), -jnp.inf, jnp.float32),
         jnp.zeros((tiles.block_q,), jnp.float32),
     )
-    per_share = cdiv(tiles.num_kv_tiles(dims), splits)
-    for span in runtime.spans(spec, b, h0, t, False, n, bk):
-        if splits > 1:
-            span = span.within(share * per_share, share * per_share + per_share)
+    spans = runtime.spans(spec, b, h0, t, False, n, bk)
+    if splits > 1:
+        # Equal shares of the tiles this query tile visits (the spans are contiguous), so
+        # that lengths, windows and the diagonal leave no share idle while others work.
+        lo, hi = spans[0].start, spans[-1].stop
+        per_share = lax.div(hi - lo + np.int32(splits - 1), np.int32(splits))
+        first = lo + share * per_share
+        spans = [span.within(first, first + per_share) for span in spans]
+    for span in spans:
         carry = pk.fori_loop(span.start, span.stop, functools.partial(body, span.masked), carry)
     # Lines 12-13: normalise once; L_i = m_i + log(l_i).
     out, lse = sm.finalize(*carry)
