@@ -167,13 +167,6 @@ def read_lengths(lengths_ref):
     return lengths_ref[b, 0], lengths_ref[b, 1]
 
 
-def lengths_tiles(lengths, shape: tuple[int, int]) -> dict:
-    """`MaskSpec.visible`'s ``lengths`` for a ``wgmma`` tile of ``shape`` ({} without)."""
-    if lengths is None:
-        return {}
-    return dict(lengths=tuple(plgpu.layout_cast(jnp.full(shape, n, jnp.int32), plgpu.Layout.WGMMA) for n in lengths))
-
-
 def tile_bounds(bounds_ref, tile):
     """``(lo, full_lo, full_hi, hi)`` of ``tile`` in this program's batch element from
     `MaskSpec.tile_bounds`' ``[1|batch, 1, tiles, 4]`` (None: None), read by each thread."""
@@ -195,24 +188,53 @@ def step_ids(ring, slot, masked: bool, axis: int):
     return ids
 
 
-def produce_keys(refs, tiles, ready, free, *, b, h_kv, first, steps, block_k: int, num_stages: int):
-    """The producer of a kernel whose consumers visit key tiles ``first`` to
-    ``first + steps - 1`` of batch ``b`` and kv head ``h_kv``: each of ``refs`` (K, V
-    and, if the call has them, the keys' segment ids ``[batch, kv_len]``) through its
-    ring of ``tiles`` (`produce`)."""
-    plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
+def visible(spec: MaskSpec, corner, shape: tuple[int, int], q_axis: int, *, lengths, own_ids=None, step_ids=None):
+    """`MaskSpec.visible` of a ``wgmma`` tile of ``shape`` whose corner is ``corner``
+    (row, column) and whose axis ``q_axis`` runs over queries (0; 1 in the transposed
+    tiles of dK/dV), with the runtime parts of the mask: this program's ``lengths``
+    (`read_lengths`), and with segment ids its own side's (``own_ids``, loaded once)
+    and the step's (``step_ids``, from the ring)."""
+    rows, cols = iotas(shape, *corner)
+    q_idx, kv_idx = (rows, cols) if q_axis == 0 else (cols, rows)
+    runtime = {}
+    if lengths is not None:
+        runtime["lengths"] = tuple(
+            plgpu.layout_cast(jnp.full(shape, n, jnp.int32), plgpu.Layout.WGMMA) for n in lengths
+        )
+    if spec.has_segments:
+        q_ids, kv_ids = (own_ids, step_ids) if q_axis == 0 else (step_ids, own_ids)
+        runtime.update(q_segment=along(q_ids, shape, q_axis), kv_segment=along(kv_ids, shape, 1 - q_axis))
+    return spec.visible(q_idx, kv_idx, **runtime)
 
-    def source(ref):
-        heads = (h_kv,) if ref.ndim == 4 else ()
-        return lambda s: ref.at[(b, pl.ds((first + s) * block_k, block_k), *heads)]
 
-    produce(steps, num_stages, [Stream(source(ref), *ring) for ref, *ring in zip(refs, tiles, ready, free)])
+class KeyRing(NamedTuple):
+    """The ring of a kernel whose consumers visit key tiles (the forward and dQ): the
+    streams of K, V and, when the call has segment ids, the keys' ids ``[batch,
+    kv_len]``; ``refs`` in global memory, ``tiles`` their slots in shared memory,
+    ``ready`` and ``free`` their barriers."""
 
+    refs: tuple
+    tiles: tuple
+    ready: tuple
+    free: tuple
 
-def segments(q_segment, kv_segment, shape: tuple[int, int], q_axis: int) -> dict:
-    """`MaskSpec.visible`'s segment arguments for a tile of ``shape`` whose axis
-    ``q_axis`` runs over queries (0; 1 in the transposed tiles of dK/dV)."""
-    return dict(q_segment=along(q_segment, shape, q_axis), kv_segment=along(kv_segment, shape, 1 - q_axis))
+    def produce(self, *, first, steps, group: int, block_k: int, num_stages: int):
+        """The producer warpgroup: key tiles ``first`` to ``first + steps - 1`` of this
+        program's batch element and kv head (of query head ``"heads"`` in ``group``)."""
+        plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
+        b, h_kv = lax.axis_index("batch"), lax.div(lax.axis_index("heads"), jnp.int32(group))
+
+        def source(ref):
+            heads = (h_kv,) if ref.ndim == 4 else ()
+            return lambda s: ref.at[(b, pl.ds((first + s) * block_k, block_k), *heads)]
+
+        produce(steps, num_stages, [Stream(source(ref), *ring) for ref, *ring in zip(*self)])
+
+    def step_ids(self, slot, masked: bool):
+        """`step_ids` of the keys' stream (None without segment ids)."""
+        if len(self.refs) == 2:
+            return None
+        return step_ids((self.tiles[2], self.ready[2], self.free[2]), slot, masked, 1)
 
 
 def ring_barriers(num_stages: int, num_streams: int, consumers: int):

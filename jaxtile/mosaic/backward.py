@@ -139,8 +139,8 @@ def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning):
     rows = CONSUMERS * bq
     h, b, wg = lax.axis_index("heads"), lax.axis_index("batch"), lax.axis_index("wg")
     t, spans, first, steps = _ring.key_spans(spec, dims.q_len, rows, bk, bounds_ref)
-    (k_ready, v_ready, *segment_ready), (k_free, v_free, *segment_free) = ready, free
-    key_ids = (segment_smem[1], *segment_ready, *segment_free) if spec.has_segments else None
+    (k_ready, v_ready, *_), (k_free, v_free, *_) = ready, free
+    keys = _ring.KeyRing((k_ref, v_ref, *ids[1:]), (k_smem, v_smem, *segment_smem[1:]), ready, free)
 
     @pl.when(wg < CONSUMERS)
     def _consumer():
@@ -171,16 +171,12 @@ def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning):
             scores, dp = _products((None, q_i, k_j.transpose((1, 0))), (None, do_i, v_j.transpose((1, 0))))
             plgpu.barrier_arrive(v_free.at[slot])
             pre = logits.pre(scores)
-            segments = {}
-            if spec.has_segments:  # the keys' ids ride the ring; read on masked tiles
-                kv_segment = _ring.step_ids(key_ids, slot, masked, 1)
-                segments = {} if kv_segment is None else _ring.segments(q_segment, kv_segment, pre.shape, 0)
+            kv_segment = keys.step_ids(slot, masked)  # the keys' ids ride the ring
+            p = jnp.exp2(pre * logits.factor - along(lse2, pre.shape, 0))
             visible = None
             if masked:
-                runtime = dict(**segments, **_ring.lengths_tiles(lengths, pre.shape))
-                visible = spec.visible(*_ring.iotas((bq, bk), row0, j * bk), **runtime)
-            p = jnp.exp2(pre * logits.factor - along(lse2, pre.shape, 0))
-            if masked:
+                runtime = dict(lengths=lengths, own_ids=q_segment, step_ids=kv_segment)
+                visible = _ring.visible(spec, (row0, j * bk), pre.shape, 0, **runtime)
                 p = jnp.where(visible, p, 0.0)
             ds, inv_scale = _rounded(_scores_grad(p, dp, delta, pre, logits, visible, 0), k_ref.dtype)
             # Line 15: dQ_i += dS_ij K_j.
@@ -198,18 +194,7 @@ def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning):
 
     @pl.when(wg == CONSUMERS)
     def _producer():
-        _ring.produce_keys(
-            (k_ref, v_ref, *ids[1:]),
-            (k_smem, v_smem, *segment_smem[1:]),
-            ready,
-            free,
-            b=b,
-            h_kv=lax.div(h, jnp.int32(dims.group)),
-            first=first,
-            steps=steps,
-            block_k=bk,
-            num_stages=stages,
-        )
+        keys.produce(first=first, steps=steps, group=dims.group, block_k=bk, num_stages=stages)
 
 
 def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int):
@@ -243,6 +228,7 @@ def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int):
         # Lines 6-7: load K_j, V_j; dK_j = dV_j = 0.
         plgpu.copy_gmem_to_smem(k_ref.at[b, pl.ds(key0, bk), h_kv], k_j, own_ready.at[2 * wg])
         plgpu.copy_gmem_to_smem(v_ref.at[b, pl.ds(key0, bk), h_kv], v_j, own_ready.at[2 * wg + 1])
+        kv_segment = None
         if spec.has_segments:  # and the keys' segment ids
             kv_ids = segment_smem[0].at[wg]
             plgpu.copy_gmem_to_smem(ids[1].at[b, pl.ds(key0, bk)], kv_ids, own_ready.at[2 * CONSUMERS + wg])
@@ -265,13 +251,11 @@ def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int):
             lse2 = _ring.load_stat(lse_smem.at[slot], 1)
             plgpu.barrier_arrive(lse_free.at[slot])
             p_t = jnp.exp2(pre_t * logits.factor - along(lse2, pre_t.shape, 1))
-            visible, segments = None, {}
-            if spec.has_segments:  # the queries' ids ride the ring; read on masked tiles
-                q_segment = _ring.step_ids(query_ids, slot, masked, 1)
-                segments = {} if q_segment is None else _ring.segments(q_segment, kv_segment, pre_t.shape, 1)
+            visible = None
+            q_segment = _ring.step_ids(query_ids, slot, masked, 1) if spec.has_segments else None
             if masked:
-                kv_idx, q_idx = _ring.iotas((bk, bq), key0, i * bq)
-                visible = spec.visible(q_idx, kv_idx, **segments, **_ring.lengths_tiles(lengths, pre_t.shape))
+                runtime = dict(lengths=lengths, own_ids=kv_segment, step_ids=q_segment)
+                visible = _ring.visible(spec, (key0, i * bq), pre_t.shape, 1, **runtime)
                 p_t = jnp.where(visible, p_t, 0.0)
             plgpu.barrier_wait(delta_ready.at[slot])
             delta = _ring.load_stat(delta_smem.at[slot], 1)

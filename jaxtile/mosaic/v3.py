@@ -126,8 +126,8 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
     q_ref, k_ref, v_ref, *runtime, o_ref, lse_ref, scoped = refs
     ids, lengths_ref, bounds_ref = _ring.runtime_refs(spec, runtime)
     (q_smem, o_smem, k_smem, v_smem, lse_smem, segment_smem), (q_ready, ready, free), turn = scoped
-    (k_ready, v_ready, *segment_ready), (k_free, v_free, *segment_free) = ready, free
-    key_ids = (segment_smem[1], *segment_ready, *segment_free) if spec.has_segments else None
+    (k_ready, v_ready, *_), (k_free, v_free, *_) = ready, free
+    keys = _ring.KeyRing((k_ref, v_ref, *ids[1:]), (k_smem, v_smem, *segment_smem[1:]), ready, free)
     bq, bk, stages = tuning.block_q, tuning.block_k, tuning.num_stages
     rows = CONSUMERS * bq
     h, b, wg = lax.axis_index("heads"), lax.axis_index("batch"), lax.axis_index("wg")
@@ -144,6 +144,7 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
         row0 = t * rows + wg * bq
         # Line 4 (consumer): load Q_i; O_i = 0, l_i = 0, m_i = -inf.
         plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(row0, bq), h], q_tile, q_ready.at[wg])
+        q_segment = None
         if spec.has_segments:  # and the rows' segment ids
             q_segments = segment_smem[0].at[wg]
             plgpu.copy_gmem_to_smem(ids[0].at[b, pl.ds(row0, bq)], q_segments, q_ready.at[CONSUMERS + wg])
@@ -177,13 +178,10 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
 
             pre = logits.pre(pl.run_scoped(qk, plgpu.ACC((bq, bk), jnp.float32)))
             plgpu.barrier_arrive(k_free.at[slot])
-            segments = {}
-            if spec.has_segments:  # the keys' ids ride the ring; read on masked tiles
-                kv_segment = _ring.step_ids(key_ids, slot, masked, 1)
-                segments = {} if kv_segment is None else _ring.segments(q_segment, kv_segment, pre.shape, 0)
+            kv_segment = keys.step_ids(slot, masked)  # the keys' ids ride the ring
             if masked:
-                runtime = dict(**segments, **_ring.lengths_tiles(lengths, pre.shape))
-                pre = jnp.where(spec.visible(*_ring.iotas((bq, bk), row0, j * bk), **runtime), pre, -jnp.inf)
+                runtime = dict(lengths=lengths, own_ids=q_segment, step_ids=kv_segment)
+                pre = jnp.where(_ring.visible(spec, (row0, j * bk), pre.shape, 0, **runtime), pre, -jnp.inf)
             # Lines 9-10: online softmax in base 2 (a row that has seen nothing keeps
             # m_i = -inf; its base is 0 so that no -inf - -inf is formed).
             m_new = jnp.maximum(m_i, pre.max(axis=1) * logits.factor)
@@ -228,18 +226,7 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
 
     @pl.when(wg == CONSUMERS)
     def _producer():
-        _ring.produce_keys(
-            (k_ref, v_ref, *ids[1:]),
-            (k_smem, v_smem, *segment_smem[1:]),
-            ready,
-            free,
-            b=b,
-            h_kv=lax.div(h, jnp.int32(dims.group)),
-            first=first,
-            steps=steps,
-            block_k=bk,
-            num_stages=stages,
-        )
+        keys.produce(first=first, steps=steps, group=dims.group, block_k=bk, num_stages=stages)
 
 
 def _tuning(tuning, block_q: int | None, block_k: int | None, head_dim: int, head_dim_v: int, itemsize: int) -> Tuning:
