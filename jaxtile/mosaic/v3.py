@@ -42,7 +42,7 @@ from jaxtile._core import Config, Inputs, Shape
 from jaxtile.mask import MaskSpec
 from jaxtile.mosaic import _ring
 from jaxtile.mosaic._ring import CONSUMERS, SHARED_MEMORY, WGMMA_ROWS, along, pad_to, padded, smem
-from jaxtile.mosaic.backward import BackwardTuning, backward_pass, backward_temporaries
+from jaxtile.mosaic.backward import BackwardTuning, backward_pass, backward_temporaries, default_backward_tuning
 from jaxtile.triton import v2 as triton_v2
 
 
@@ -93,15 +93,17 @@ class Tuning:
 
 
 def default_tuning(head_dim: int, head_dim_v: int, itemsize: int) -> Tuning:
-    """The largest key tile (256, 128 or 64) whose two-stage ring fits beside the queries."""
+    """The largest key tile (256, 128 or 64) whose two-stage ring fits beside the queries,
+    and the backward's `default_backward_tuning`."""
+    backward = default_backward_tuning(head_dim, head_dim_v)
     for block_k in (256, 128, 64):
-        tuning = Tuning(block_k=block_k)
+        tuning = Tuning(block_k=block_k, backward=backward)
         if (
             block_k * (head_dim + head_dim_v) <= 256 * 128
             and tuning.shared_memory(head_dim, head_dim_v, itemsize) <= SHARED_MEMORY
         ):
             return tuning
-    return Tuning(block_k=64)
+    return Tuning(block_k=64, backward=backward)
 
 
 @functools.cache
@@ -314,8 +316,12 @@ def _backward(inputs: Inputs, out, lse, dout, dlse, config: Config):
     up to 128), else the Triton family's (with its own tuning, or ``"autotune"``, when the
     call names one); ``(dq, dk, dv, None)``."""
     dims = Shape.of(inputs.q, inputs.k, inputs.v)
-    tuning = config.tuning.backward if isinstance(config.tuning, Tuning) else BackwardTuning()
-    if not tuning.fits(padded(dims.head_dim, WGMMA_ROWS), padded(dims.head_dim_v, WGMMA_ROWS), dims.itemsize):
+    head_dim, head_dim_v = padded(dims.head_dim, WGMMA_ROWS), padded(dims.head_dim_v, WGMMA_ROWS)
+    if isinstance(config.tuning, Tuning):
+        tuning = config.tuning.backward
+    else:
+        tuning = default_backward_tuning(head_dim, head_dim_v)
+    if not tuning.fits(head_dim, head_dim_v, dims.itemsize):
         if isinstance(config.tuning, Tuning):  # this family's: the Triton kernels take their table's
             config = dataclasses.replace(config, tuning=None)
         return triton_v2.IMPLEMENTATION.backward(inputs, out, lse, dout, dlse, config)
