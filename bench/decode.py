@@ -42,6 +42,8 @@ import jaxtile
 from bench import _worker
 from bench.check import load_tokamax, time_jitted
 from bench.probe import git_state
+from jaxtile.triton import decode
+from jaxtile.triton.tuning import Tuning
 
 GIB = 1 << 30
 PAGE_SIZES = (16, 64)
@@ -124,6 +126,10 @@ def _jaxtile(q, k, v, kv_lengths, *, implementation):
     return jaxtile.flash_attention(q, k, v, kv_lengths=kv_lengths, implementation=implementation)
 
 
+def _tiled(q, k, v, kv_lengths, *, tuning):
+    return jaxtile.flash_attention(q, k, v, kv_lengths=kv_lengths, implementation="pallas_decode", tuning=tuning)
+
+
 def _cudnn(q, k, v, kv_lengths):
     return jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=kv_lengths, implementation="cudnn")
 
@@ -136,14 +142,19 @@ def _paged(q, k_pages, v_pages, page_table, kv_lengths, *, implementation):
     return jaxtile.paged_attention(q, k_pages, v_pages, page_table, kv_lengths, implementation=implementation)
 
 
-def _attends(layout: str, impls, tokamax) -> dict[str, Callable]:
+def _attends(layout: str, impls, tokamax, tiles: bool = False) -> dict[str, Callable]:
     """What is timed on ``layout``, by name: jaxtile's default (``"jaxtile"``) and each
     of ``impls``, through ``paged_attention`` on paged layouts; on contiguous ones also
-    cuDNN and, if ``tokamax`` is the module, its kernels."""
+    cuDNN, if ``tokamax`` is the module its kernels, and with ``tiles`` pallas_decode
+    with each of its autotuning candidates (``"pallas_decode 128x3"``: key tiles x
+    stages)."""
     jaxtile_fn = _paged if layout.startswith("paged") else _jaxtile
     attends = {name or "jaxtile": functools.partial(jaxtile_fn, implementation=name) for name in (None, *impls)}
     if layout.startswith("paged"):
         return attends
+    for t in decode.CANDIDATES if tiles else ():
+        tuning = Tuning(t, t, t)  # the forward's is the one decoding uses
+        attends[f"pallas_decode {t.block_k}x{t.num_stages}"] = functools.partial(_tiled, tuning=tuning)
     attends["cudnn"] = _cudnn
     for kernel in TOKAMAX if tokamax else ():
         attends[f"tokamax.{kernel}"] = functools.partial(_tokamax, module=tokamax, kernel=kernel)
@@ -211,7 +222,7 @@ def _row(case: Case, layout: str, impl: str, timing: dict, nbytes: int, copy_gbs
     return row
 
 
-def run(cases, impls, budget_s: float, copy_gbs: float, tokamax=None, emit=print) -> list[dict]:
+def run(cases, impls, budget_s: float, copy_gbs: float, tokamax=None, emit=print, tiles: bool = False) -> list[dict]:
     """Every case, layout and implementation, timed; ``emit`` gets each row's table line."""
     rows = []
     for case in cases:
@@ -222,7 +233,7 @@ def run(cases, impls, budget_s: float, copy_gbs: float, tokamax=None, emit=print
             kv_lengths = np.full(case.batch, case.kv_len) if layout == "dense" else ragged
             args = _arguments(case, layout, q, k, v, kv_lengths)
             timings = {
-                impl: _timed(attend, args, budget_s) for impl, attend in _attends(layout, impls, tokamax).items()
+                impl: _timed(attend, args, budget_s) for impl, attend in _attends(layout, impls, tokamax, tiles).items()
             }
             ms.update({(layout, impl): t["ms"] for impl, t in timings.items() if "ms" in t})
             for impl, timing in timings.items():
@@ -298,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         "--budget-s", type=float, metavar="S", help="seconds of timed calls per number (0.5; smoke 0.05)"
     )
     parser.add_argument("--impl", action="append", default=[], choices=jaxtile.registry.names(), help="also time this")
+    parser.add_argument("--tiles", action="store_true", help="also time pallas_decode's autotuning candidates")
     parser.add_argument("--smoke", action="store_true", help="tiny float32 shapes and copy, to run on CPU in seconds")
     parser.add_argument("--strict", action="store_true", help="exit with status 1 if a target is missed")
     args = parser.parse_args(argv)
@@ -312,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("\n".join(_head(results)), flush=True)
     emit = functools.partial(print, flush=True)
-    rows = run(cases, args.impl, budget_s, results["copy_bandwidth_gbs"], load_tokamax(), emit)
+    rows = run(cases, args.impl, budget_s, results["copy_bandwidth_gbs"], load_tokamax(), emit, args.tiles)
     results["rows"] = rows
     print("\n" + _summary(rows))
     if args.out:

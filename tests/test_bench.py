@@ -384,6 +384,20 @@ def test_decode_smoke_run_on_cpu(tmp_path):
     assert decode.render(results).splitlines()[2] in done.stdout  # the table's header
 
 
+def test_decode_tiles_time_every_candidate_on_contiguous_caches():
+    """``--tiles``: pallas_decode with each autotuning candidate, named by its key tile and
+    stages, on the dense and ragged layouts (``paged_attention`` takes no tuning)."""
+    from bench import decode
+    from jaxtile.triton.decode import CANDIDATES
+
+    tiled = {f"pallas_decode {t.block_k}x{t.num_stages}" for t in CANDIDATES}
+    assert len(tiled) == len(CANDIDATES)
+    for layout in decode.LAYOUTS:
+        names = set(decode._attends(layout, (), None, tiles=True))
+        assert (tiled <= names) == (not layout.startswith("paged")) and "jaxtile" in names
+        assert not tiled & set(decode._attends(layout, (), None))
+
+
 def test_decode_moves_the_filled_cache_once():
     """Bytes of a decode step: q and the output, and K and V up to each sequence's length."""
     from bench import decode

@@ -34,9 +34,11 @@ MAX_Q_LEN = 16
 _TARGET_PROGRAMS = 528
 # Fewest key tiles per share: below this, merging costs more than the parallelism gains.
 _MIN_TILES = 4
-# The forward kernel's launch parameters for 16-bit and float32 inputs.
-_DEFAULT = {2: tn.KernelTuning(64, 64, 4, 3), 4: tn.KernelTuning(64, 32, 4, 2)}
-_CANDIDATES = tuple(tn.KernelTuning(64, bk, 4, stages) for bk in (32, 64, 128) for stages in (2, 3, 4))
+# The forward kernel's launch parameters for 16-bit and float32 inputs (16-bit: measured
+# with ``python -m bench.decode --tiles`` on an H200, bench/results/h200/decode_tiles_*.log).
+_DEFAULT = {2: tn.KernelTuning(64, 128, 4, 3), 4: tn.KernelTuning(64, 32, 4, 2)}
+# What ``tuning="autotune"`` (and ``bench.decode --tiles``) tries.
+CANDIDATES = tuple(tn.KernelTuning(64, bk, 4, stages) for bk in (32, 64, 128) for stages in (2, 3, 4))
 
 
 def num_splits(dims: Shape, tiles: pk.Tiles) -> int:
@@ -60,12 +62,12 @@ def _tuning(inputs: Inputs, config: Config) -> tn.KernelTuning:
 
 
 def _autotuned(inputs: Inputs, config: Config) -> tn.KernelTuning:
-    """The fastest of `_CANDIDATES` for this shape, timed once per process."""
+    """The fastest of `CANDIDATES` for this shape, timed once per process."""
     dims = Shape.of(inputs.q, inputs.k, inputs.v)
     key = ("decode", dims, inputs.q.dtype, config.mask, config.logits, config.block_q, config.block_k)
     default = tn.default_tuning(pk.next_pow2(max(dims.head_dim, dims.head_dim_v)), inputs.q.dtype, "full")
     options = tuple(
-        dataclasses.replace(default, forward=c).with_blocks(config.block_q, config.block_k) for c in _CANDIDATES
+        dataclasses.replace(default, forward=c).with_blocks(config.block_q, config.block_k) for c in CANDIDATES
     )
 
     def measure(tuning: tn.Tuning) -> tuple[float, float]:
