@@ -37,6 +37,10 @@ _MIN_TILES = 4
 # The forward kernel's launch parameters for 16-bit and float32 inputs (16-bit: measured
 # with ``python -m bench.decode --tiles`` on an H200, bench/results/h200/decode_tiles_*.log).
 _DEFAULT = {2: tn.KernelTuning(64, 128, 4, 3), 4: tn.KernelTuning(64, 32, 4, 2)}
+# Keys per tile read from pages for more than one query: for 16 queries, pages read in
+# 128-key tiles ran at 0.78-0.79x the contiguous cache, in 64-key tiles at 0.88x (one
+# query: 128 keys were faster; bench/results/h200/decode_tiles_f1bb95f.log, decode.log).
+_PAGED_BLOCK_K = 64
 # What ``tuning="autotune"`` (and ``bench.decode --tiles``) tries.
 CANDIDATES = tuple(tn.KernelTuning(64, bk, 4, stages) for bk in (32, 64, 128) for stages in (2, 3, 4))
 
@@ -48,14 +52,17 @@ def num_splits(dims: Shape, tiles: pk.Tiles) -> int:
     return max(1, min(cdiv(_TARGET_PROGRAMS, programs), tiles.num_kv_tiles(dims) // _MIN_TILES))
 
 
-def _tuning(inputs: Inputs, config: Config) -> tn.KernelTuning:
-    """The forward kernel's launch parameters: the user's, autotuned, or the default."""
+def _tuning(inputs: Inputs, config: Config, paged: bool = False) -> tn.KernelTuning:
+    """The forward kernel's launch parameters: the user's, autotuned, or the default
+    (for pages and several queries, with `_PAGED_BLOCK_K` keys per tile at most)."""
     if isinstance(config.tuning, tn.Tuning):
         tuning = config.tuning.forward
     elif config.tuning == AUTOTUNE and config.platform == "gpu":
         return _autotuned(inputs, config)
     else:
         tuning = _DEFAULT[min(jnp.dtype(inputs.q.dtype).itemsize, 4)]
+        if paged and inputs.q.shape[1] > 1:
+            tuning = dataclasses.replace(tuning, block_k=min(tuning.block_k, _PAGED_BLOCK_K))
     return dataclasses.replace(
         tuning, block_q=config.block_q or tuning.block_q, block_k=config.block_k or tuning.block_k
     )
@@ -95,7 +102,7 @@ def _forward(inputs: Inputs, config: Config):
 
 def _paged_forward(inputs: Inputs, config: Config, paged: tuple[jax.Array, jax.Array, jax.Array]):
     """`_forward` reading K and V from pages (`v2.forward_pass`)."""
-    return _merged(inputs, config, _tuning(inputs, config), paged)
+    return _merged(inputs, config, _tuning(inputs, config, paged=True), paged)
 
 
 def _memory(shape: Shape, block_q, block_k, backward: bool) -> tuple[int, int]:
