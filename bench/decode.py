@@ -8,7 +8,8 @@ cache (``dense``); per-sequence lengths drawn uniformly in ``[kv/2, kv]`` (``rag
 ``kv_lengths=``); the ragged cache in pages of 16 and 64 positions behind a random page
 table (``paged16``, ``paged64``) — it times jaxtile's default, each ``--impl``, cuDNN
 (``jax.nn.dot_product_attention``) and tokamax's kernels where importable, and on paged
-layouts ``jaxtile.paged_attention`` (default and each ``--impl``).
+layouts ``jaxtile.paged_attention`` (default and each ``--impl``); with ``--tiles`` also
+pallas_decode with each of its autotuning candidates on the contiguous layouts.
 
 Each row reports the median ms, the bytes a decode step must move (q, the output, and K
 and V of the filled cache once), GB/s and its fraction of the copy bandwidth, the speed
@@ -19,6 +20,7 @@ bandwidth and 1.0× cuDNN; longer queries: 1.2× cuDNN; paged: within 10% of con
 printed beside the numbers; ``--strict`` exits with status 1 if one is missed::
 
     python -m bench.decode --out decode.json          # on a GPU
+    python -m bench.decode --tiles                    # and pallas_decode's candidate tiles
     python -m bench.decode --smoke                    # tiny float32 shapes, on CPU in seconds
 """
 
