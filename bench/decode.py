@@ -9,7 +9,8 @@ cache (``dense``); per-sequence lengths drawn uniformly in ``[kv/2, kv]`` (``rag
 table (``paged16``, ``paged64``) — it times jaxtile's default, each ``--impl``, cuDNN
 (``jax.nn.dot_product_attention``) and tokamax's kernels where importable, and on paged
 layouts ``jaxtile.paged_attention`` (default and each ``--impl``); with ``--tiles`` also
-pallas_decode with each of its autotuning candidates on the contiguous layouts.
+pallas_decode with each of its autotuning candidates, and with ``--splits`` with each of
+`SPLITS` shares of the cache, on the contiguous layouts.
 
 Each row reports the median ms, the bytes a decode step must move (q, the output, and K
 and V of the filled cache once), GB/s and its fraction of the copy bandwidth, the speed
@@ -21,6 +22,7 @@ printed beside the numbers; ``--strict`` exits with status 1 if one is missed::
 
     python -m bench.decode --out decode.json          # on a GPU
     python -m bench.decode --tiles                    # and pallas_decode's candidate tiles
+    python -m bench.decode --splits                   # and its split-KV share counts
     python -m bench.decode --smoke                    # tiny float32 shapes, on CPU in seconds
 """
 
@@ -51,6 +53,7 @@ GIB = 1 << 30
 PAGE_SIZES = (16, 64)
 LAYOUTS = ("dense", "ragged", *(f"paged{size}" for size in PAGE_SIZES))
 TOKAMAX = ("mosaic", "triton")
+SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
 LABELS = {"of_copy": "copy", "vs_cudnn": "cuDNN", "vs_contiguous": "contiguous"}
 
 
@@ -144,19 +147,30 @@ def _paged(q, k_pages, v_pages, page_table, kv_lengths, *, implementation):
     return jaxtile.paged_attention(q, k_pages, v_pages, page_table, kv_lengths, implementation=implementation)
 
 
-def _attends(layout: str, impls, tokamax, tiles: bool = False) -> dict[str, Callable]:
+def _variants(tiles: bool, splits: bool) -> dict[str, Tuning]:
+    """pallas_decode's tunings to time by name: with ``tiles`` each autotuning candidate
+    (``"pallas_decode 128x3"``: key tiles x stages), with ``splits`` the 16-bit default
+    tiles in each of `SPLITS` shares (``"pallas_decode splits=4"``)."""
+    variants = {}
+    for t in decode.CANDIDATES if tiles else ():
+        variants[f"pallas_decode {t.block_k}x{t.num_stages}"] = Tuning(t, t, t)  # decoding uses the forward's
+    t = decode.DEFAULTS[2]
+    for s in SPLITS if splits else ():
+        variants[f"pallas_decode splits={s}"] = decode.Tuning(t, t, t, num_splits=s)
+    return variants
+
+
+def _attends(layout: str, impls, tokamax, variants: dict[str, Tuning] | None = None) -> dict[str, Callable]:
     """What is timed on ``layout``, by name: jaxtile's default (``"jaxtile"``) and each
     of ``impls``, through ``paged_attention`` on paged layouts; on contiguous ones also
-    cuDNN, if ``tokamax`` is the module its kernels, and with ``tiles`` pallas_decode
-    with each of its autotuning candidates (``"pallas_decode 128x3"``: key tiles x
-    stages)."""
+    cuDNN, if ``tokamax`` is the module its kernels, and pallas_decode with each of
+    ``variants`` (`_variants`)."""
     jaxtile_fn = _paged if layout.startswith("paged") else _jaxtile
     attends = {name or "jaxtile": functools.partial(jaxtile_fn, implementation=name) for name in (None, *impls)}
     if layout.startswith("paged"):
         return attends
-    for t in decode.CANDIDATES if tiles else ():
-        tuning = Tuning(t, t, t)  # the forward's is the one decoding uses
-        attends[f"pallas_decode {t.block_k}x{t.num_stages}"] = functools.partial(_tiled, tuning=tuning)
+    for name, tuning in (variants or {}).items():
+        attends[name] = functools.partial(_tiled, tuning=tuning)
     attends["cudnn"] = _cudnn
     for kernel in TOKAMAX if tokamax else ():
         attends[f"tokamax.{kernel}"] = functools.partial(_tokamax, module=tokamax, kernel=kernel)
@@ -224,7 +238,7 @@ def _row(case: Case, layout: str, impl: str, timing: dict, nbytes: int, copy_gbs
     return row
 
 
-def run(cases, impls, budget_s: float, copy_gbs: float, tokamax=None, emit=print, tiles: bool = False) -> list[dict]:
+def run(cases, impls, budget_s: float, copy_gbs: float, tokamax=None, emit=print, variants=None) -> list[dict]:
     """Every case, layout and implementation, timed; ``emit`` gets each row's table line."""
     rows = []
     for case in cases:
@@ -235,7 +249,8 @@ def run(cases, impls, budget_s: float, copy_gbs: float, tokamax=None, emit=print
             kv_lengths = np.full(case.batch, case.kv_len) if layout == "dense" else ragged
             args = _arguments(case, layout, q, k, v, kv_lengths)
             timings = {
-                impl: _timed(attend, args, budget_s) for impl, attend in _attends(layout, impls, tokamax, tiles).items()
+                impl: _timed(attend, args, budget_s)
+                for impl, attend in _attends(layout, impls, tokamax, variants).items()
             }
             ms.update({(layout, impl): t["ms"] for impl, t in timings.items() if "ms" in t})
             for impl, timing in timings.items():
@@ -312,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--impl", action="append", default=[], choices=jaxtile.registry.names(), help="also time this")
     parser.add_argument("--tiles", action="store_true", help="also time pallas_decode's autotuning candidates")
+    parser.add_argument("--splits", action="store_true", help="also time pallas_decode with each of SPLITS shares")
     parser.add_argument("--smoke", action="store_true", help="tiny float32 shapes and copy, to run on CPU in seconds")
     parser.add_argument("--strict", action="store_true", help="exit with status 1 if a target is missed")
     args = parser.parse_args(argv)
@@ -326,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("\n".join(_head(results)), flush=True)
     emit = functools.partial(print, flush=True)
-    rows = run(cases, args.impl, budget_s, results["copy_bandwidth_gbs"], load_tokamax(), emit, args.tiles)
+    variants = _variants(args.tiles, args.splits)
+    rows = run(cases, args.impl, budget_s, results["copy_bandwidth_gbs"], load_tokamax(), emit, variants)
     results["rows"] = rows
     print("\n" + _summary(rows))
     if args.out:

@@ -277,7 +277,8 @@ def flash_attention(
         depth) until what they keep in shared memory fits the GPU's.
       return_lse: also return the log-sum-exp of each row.
       tuning: launch parameters of the Pallas kernels: None (a table measured on
-        Hopper), a `jaxtile.triton.Tuning`, a `jaxtile.mosaic.v3.Tuning` (its
+        Hopper), a `jaxtile.triton.Tuning`, a `jaxtile.triton.decode.Tuning` (with
+        pallas_decode's ``num_splits``), a `jaxtile.mosaic.v3.Tuning` (its
         ``backward`` field tunes the Mosaic backward kernels), or ``"autotune"`` (the
         Triton kernels time candidates once per shape on the GPU and cache the
         fastest). Implementations that take another type ignore it.

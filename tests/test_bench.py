@@ -384,18 +384,23 @@ def test_decode_smoke_run_on_cpu(tmp_path):
     assert decode.render(results).splitlines()[2] in done.stdout  # the table's header
 
 
-def test_decode_tiles_time_every_candidate_on_contiguous_caches():
-    """``--tiles``: pallas_decode with each autotuning candidate, named by its key tile and
-    stages, on the dense and ragged layouts (``paged_attention`` takes no tuning)."""
+def test_decode_variants_time_every_candidate_and_share_count_on_contiguous_caches():
+    """``--tiles`` and ``--splits``: pallas_decode with each autotuning candidate (named
+    by its key tile and stages) and each share count, on the dense and ragged layouts
+    (``paged_attention`` takes no tuning)."""
     from bench import decode
     from jaxtile.triton.decode import CANDIDATES
 
     tiled = {f"pallas_decode {t.block_k}x{t.num_stages}" for t in CANDIDATES}
-    assert len(tiled) == len(CANDIDATES)
+    split = {f"pallas_decode splits={s}" for s in decode.SPLITS}
+    variants = decode._variants(tiles=True, splits=True)
+    assert set(variants) == tiled | split and len(tiled) == len(CANDIDATES)
+    assert [variants[name].num_splits for name in sorted(split)] == [int(n.split("=")[1]) for n in sorted(split)]
+    assert decode._variants(tiles=False, splits=False) == {}
     for layout in decode.LAYOUTS:
-        names = set(decode._attends(layout, (), None, tiles=True))
-        assert (tiled <= names) == (not layout.startswith("paged")) and "jaxtile" in names
-        assert not tiled & set(decode._attends(layout, (), None))
+        names = set(decode._attends(layout, (), None, variants))
+        assert (set(variants) <= names) == (not layout.startswith("paged")) and "jaxtile" in names
+        assert not set(variants) & set(decode._attends(layout, (), None))
 
 
 def test_decode_moves_the_filled_cache_once():

@@ -15,6 +15,8 @@ import pytest
 from jax_settings import jax_test_config
 
 import jaxtile
+from jaxtile.triton import decode
+from jaxtile.triton.tuning import KernelTuning
 from parity.compare import compare, tolerance
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -264,6 +266,34 @@ def test_random_configurations(seed):
     num_pages = arrays["k_pages"].shape[1]
     arrays["page_table"] = rng.integers(0, num_pages, (batch, pages_per_sequence)).astype(np.int32)
     _check(case, arrays, *_paged(arrays, **case.options()))
+
+
+@pytest.mark.parametrize("num_splits", [1, 3, 64])
+def test_decode_in_any_number_of_shares(num_splits):
+    """pallas_decode with the user's ``num_splits`` (`jaxtile.triton.decode.Tuning`) on
+    the contiguous cache: one share, a few, and more shares than key tiles (the extra
+    ones empty), each the float64 reference's output and lse."""
+    case = Paged("shares", kv_lengths=(48, 5, 0, 29), q_len=3, head_dim=24, pages_per_sequence=12)
+    arrays = _inputs(case)
+    table = arrays["page_table"]
+    t = KernelTuning(16, 16, 4, 2)
+    out, lse = jaxtile.flash_attention(
+        jnp.asarray(arrays["query"]),
+        jnp.asarray(_contiguous(arrays["k_pages"], table)),
+        jnp.asarray(_contiguous(arrays["v_pages"], table)),
+        kv_lengths=jnp.asarray(arrays["kv_lengths"]),
+        implementation="pallas_decode",
+        tuning=decode.Tuning(t, t, t, num_splits=num_splits),
+        return_lse=True,
+    )
+    _check(case, arrays, out, lse)
+
+
+@pytest.mark.parametrize("num_splits", [0, -2, 2.0])
+def test_decode_share_count_must_be_a_positive_int(num_splits):
+    t = KernelTuning(16, 16, 4, 2)
+    with pytest.raises(ValueError, match=f"num_splits={num_splits!r}"):
+        decode.Tuning(t, t, t, num_splits=num_splits)
 
 
 def test_gradients_match_float64_reference():

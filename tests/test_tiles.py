@@ -141,17 +141,20 @@ def test_dkdv_splits_a_group_over_programs_exactly(monkeypatch, min_programs):
     assert result.ok, result.describe()
 
 
-@pytest.mark.parametrize("batch,kv_len", [(1, 131072), (8, 32768), (64, 4096), (2, 100)])
-def test_decode_shares_the_cache_out_to_fill_the_gpu(batch, kv_len):
-    """Split-KV decoding (GQA 32:8, one query): enough programs for a few per SM, unless
-    shares would fall below the fewest key tiles worth merging."""
-    dims = Shape(batch, 1, kv_len, 32, 8, 128, 128, 2)
+@pytest.mark.parametrize(
+    "batch,q_len,kv_len,shares",
+    [(1, 1, 131072, 12), (8, 1, 32768, 2), (64, 1, 4096, 1), (8, 16, 32768, 2), (2, 1, 100, 1)],
+)
+def test_decode_shares_the_cache_out_in_whole_waves(batch, q_len, kv_len, shares):
+    """Split-KV decoding (GQA 32:8, 128-key tiles) on an H200's 132 SMs: the fewest
+    shares whose programs fill the waves they run in, as measured fastest there
+    (bench/results/h200/decode_splits_*.log), none under the fewest key tiles worth
+    merging."""
+    dims = Shape(batch, q_len, kv_len, 32, 8, 128, 128, 2)
     tiles = pk.Tiles.fit(
-        KernelTuning(64, 64, 4, 3), dims, jnp.bfloat16, pallas_v2._FORWARD, LIMITS["sm90"], packable=True
+        KernelTuning(64, 128, 4, 3), dims, jnp.bfloat16, pallas_v2._FORWARD, LIMITS["sm90"], packable=True
     )
     assert tiles.pack == 4, "the four query heads of a group share each K/V tile"
-    splits = decode.num_splits(dims, tiles)
-    programs = batch * dims.num_kv_heads * splits
-    per_share = -(-tiles.num_kv_tiles(dims) // splits)
-    assert per_share >= decode._MIN_TILES or splits == 1
-    assert programs >= decode._TARGET_PROGRAMS or per_share < 2 * decode._MIN_TILES
+    splits = decode.num_splits(dims, tiles, sms=132)
+    assert splits == shares
+    assert -(-tiles.num_kv_tiles(dims) // splits) >= decode._MIN_TILES or splits == 1

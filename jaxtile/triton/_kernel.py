@@ -62,6 +62,17 @@ def shared_memory_limit(platform: str) -> int:
     return _SHARED_MEMORY.get((major, minor), _SHARED_MEMORY_OTHER)
 
 
+# Streaming multiprocessors of an H100 SXM or H200: what interpret mode plans for.
+HOPPER_SMS = 132
+
+
+def sm_count(platform: str) -> int:
+    """Streaming multiprocessors of this process's first GPU (Hopper's off the GPU)."""
+    if platform != "gpu":
+        return HOPPER_SMS
+    return int(getattr(jax.devices("gpu")[0], "core_count", 0) or HOPPER_SMS)
+
+
 _SCRATCH = 2048
 
 

@@ -17,6 +17,8 @@ stay differentiable.
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -24,19 +26,23 @@ import jax.numpy as jnp
 from jaxtile import _softmax as sm
 from jaxtile import registry
 from jaxtile._core import AUTOTUNE, Config, Inputs, Shape
-from jaxtile.mask import cdiv
 from jaxtile.triton import _kernel as pk
 from jaxtile.triton import tuning as tn
 from jaxtile.triton import v2
 
 MAX_Q_LEN = 16
-# Programs to aim for: a few per SM of an H100/H200 (132 SMs), so that the last wave is short.
-_TARGET_PROGRAMS = 528
 # Fewest key tiles per share: below this, merging costs more than the parallelism gains.
 _MIN_TILES = 4
+# A wave of programs with at least this fraction of the SMs busy reads at the full HBM
+# bandwidth: one program per SM, 96 of an H200's 132 read a 131072-key cache as fast as
+# 128 did, while a second wave of 60 took 20% longer than none
+# (bench/results/h200/decode_splits_*.log).
+_SATURATING = 0.7
+# Shares within this factor of the fewest waves' time count as equal: the fewest win.
+_TOLERANCE = 1.02
 # The forward kernel's launch parameters for 16-bit and float32 inputs (16-bit: measured
 # with ``python -m bench.decode --tiles`` on an H200, bench/results/h200/decode_tiles_*.log).
-_DEFAULT = {2: tn.KernelTuning(64, 128, 4, 3), 4: tn.KernelTuning(64, 32, 4, 2)}
+DEFAULTS = {2: tn.KernelTuning(64, 128, 4, 3), 4: tn.KernelTuning(64, 32, 4, 2)}
 # Keys per tile read from pages for more than one query: for 16 queries, pages read in
 # 128-key tiles ran at 0.78-0.79x the contiguous cache, in 64-key tiles at 0.88x (one
 # query: 128 keys were faster; bench/results/h200/decode_tiles_f1bb95f.log, decode.log).
@@ -45,11 +51,37 @@ _PAGED_BLOCK_K = 64
 CANDIDATES = tuple(tn.KernelTuning(64, bk, 4, stages) for bk in (32, 64, 128) for stages in (2, 3, 4))
 
 
-def num_splits(dims: Shape, tiles: pk.Tiles) -> int:
-    """Shares of the key tiles: enough programs for `_TARGET_PROGRAMS`, each share at
-    least `_MIN_TILES` tiles."""
+@dataclasses.dataclass(frozen=True)
+class Tuning(tn.Tuning):
+    """pallas_decode's launch parameters: `jaxtile.triton.Tuning`'s (``forward`` tunes
+    the decode kernel, ``dkdv`` and ``dq`` the backward) and ``num_splits``, the shares
+    of each program's key tiles (None: `num_splits`' choice for the GPU)."""
+
+    num_splits: int | None = None
+
+    def __post_init__(self):
+        if self.num_splits is not None and (not isinstance(self.num_splits, int) or self.num_splits < 1):
+            raise ValueError(f"num_splits={self.num_splits!r} must be None or a positive int")
+
+
+def _waves(programs: int, sms: int) -> float:
+    """The time of ``programs`` equal, memory-bound programs run one per SM, in units of
+    one full wave: a last wave with fewer than `_SATURATING` of the SMs busy is no
+    faster than one with that many."""
+    full, rest = divmod(programs, sms)
+    return full + (max(rest / sms, _SATURATING) if rest else 0.0)
+
+
+def num_splits(dims: Shape, tiles: pk.Tiles, sms: int) -> int:
+    """Shares of the key tiles: the fewest whose programs (one per share of each query
+    tile and packed head group) finish soonest in waves over the GPU's ``sms`` SMs
+    (`_waves`, each program doing 1/shares of the work), each share at least
+    `_MIN_TILES` tiles."""
     programs = tiles.num_q_tiles(dims) * dims.batch * (dims.num_heads // tiles.pack)
-    return max(1, min(cdiv(_TARGET_PROGRAMS, programs), tiles.num_kv_tiles(dims) // _MIN_TILES))
+    shares = range(1, max(1, tiles.num_kv_tiles(dims) // _MIN_TILES) + 1)
+    time = {s: _waves(programs * s, sms) / s for s in shares}
+    best = min(time.values())
+    return next(s for s in shares if time[s] <= best * _TOLERANCE)
 
 
 def _tuning(inputs: Inputs, config: Config, paged: bool = False) -> tn.KernelTuning:
@@ -60,7 +92,7 @@ def _tuning(inputs: Inputs, config: Config, paged: bool = False) -> tn.KernelTun
     elif config.tuning == AUTOTUNE and config.platform == "gpu":
         return _autotuned(inputs, config)
     else:
-        tuning = _DEFAULT[min(jnp.dtype(inputs.q.dtype).itemsize, 4)]
+        tuning = DEFAULTS[min(jnp.dtype(inputs.q.dtype).itemsize, 4)]
         if paged and inputs.q.shape[1] > 1:
             tuning = dataclasses.replace(tuning, block_k=min(tuning.block_k, _PAGED_BLOCK_K))
     return dataclasses.replace(
@@ -87,8 +119,16 @@ def _autotuned(inputs: Inputs, config: Config) -> tn.KernelTuning:
     return tn.autotuned(key, options, measure).forward
 
 
+def _splits(config: Config) -> Callable[[Shape, pk.Tiles], int]:
+    """The shares of a call: the user's `Tuning.num_splits`, or `num_splits`'."""
+    requested = getattr(config.tuning, "num_splits", None)
+    if requested is not None:
+        return lambda dims, tiles: requested
+    return functools.partial(num_splits, sms=pk.sm_count(config.platform))
+
+
 def _merged(inputs: Inputs, config: Config, tuning: tn.KernelTuning, paged=None):
-    out, lse = v2.forward_pass(inputs, config, tuning, splits=num_splits, paged=paged)
+    out, lse = v2.forward_pass(inputs, config, tuning, splits=_splits(config), paged=paged)
     if out.shape[0] == 1:
         return out[0], lse[0]
     out, lse = sm.merge(out, lse)
@@ -106,10 +146,11 @@ def _paged_forward(inputs: Inputs, config: Config, paged: tuple[jax.Array, jax.A
 
 
 def _memory(shape: Shape, block_q, block_k, backward: bool) -> tuple[int, int]:
-    """pallas_v2's, plus the float32 partial outputs and lse of at most
-    `_TARGET_PROGRAMS` / (batch · kv heads) shares."""
+    """pallas_v2's, plus the float32 partial outputs and lse of the shares `num_splits`
+    takes for one program per (sequence, kv head) on Hopper."""
     residuals, temporaries = pk.memory(shape, fa1=False, backward=backward)
-    shares = max(1, min(cdiv(_TARGET_PROGRAMS, shape.batch * shape.num_kv_heads), cdiv(shape.kv_len, _MIN_TILES * 16)))
+    tiles = pk.Tiles(block_q=shape.group, block_k=block_k or 16, num_stages=1, pack=shape.group)
+    shares = num_splits(dataclasses.replace(shape, q_len=1), tiles, pk.HOPPER_SMS)
     partial = shape.q_bytes(shape.head_dim_v, 4) + shape.batch * shape.num_heads * shape.q_len * 4
     return residuals, max(temporaries, (shares + 1) * partial if shares > 1 else 0)
 
@@ -130,7 +171,7 @@ IMPLEMENTATION = registry.register(
         max_q_len=MAX_Q_LEN,
         power_of_two_blocks=True,
         lse_backward=True,
-        tuning=tn.Tuning,
+        tuning=Tuning,
         speed=60,
     )
 )

@@ -57,7 +57,7 @@ class Tuning:
         def override(t: KernelTuning) -> KernelTuning:
             return dataclasses.replace(t, block_q=block_q or t.block_q, block_k=block_k or t.block_k)
 
-        return Tuning(override(self.forward), override(self.dkdv), override(self.dq))
+        return dataclasses.replace(self, forward=override(self.forward), dkdv=override(self.dkdv), dq=override(self.dq))
 
 
 def _t(fwd: tuple[int, ...], dkdv: tuple[int, ...], dq: tuple[int, ...]) -> Tuning:
