@@ -148,8 +148,8 @@ def test_dkdv_splits_a_group_over_programs_exactly(monkeypatch, min_programs):
 def test_decode_shares_the_cache_out_in_whole_waves(batch, q_len, kv_len, shares):
     """Split-KV decoding (GQA 32:8, 128-key tiles) on an H200's 132 SMs: the fewest
     shares whose programs fill the waves they run in, as measured fastest there
-    (bench/results/h200/decode_splits_*.log), none under the fewest key tiles worth
-    merging."""
+    (bench/results/h200/decode_a00ffe3.log), none under the fewest key tiles worth
+    merging; from pages, more."""
     dims = Shape(batch, q_len, kv_len, 32, 8, 128, 128, 2)
     tiles = pk.Tiles.fit(
         KernelTuning(64, 128, 4, 3), dims, jnp.bfloat16, pallas_v2._FORWARD, LIMITS["sm90"], packable=True
@@ -158,3 +158,8 @@ def test_decode_shares_the_cache_out_in_whole_waves(batch, q_len, kv_len, shares
     splits = decode.num_splits(dims, tiles, sms=132)
     assert splits == shares
     assert -(-tiles.num_kv_tiles(dims) // splits) >= decode._MIN_TILES or splits == 1
+    # From pages, enough shares for four programs per SM (or the fewest key tiles).
+    paged = decode.num_splits(dims, tiles, sms=132, paged=True)
+    per_share = -(-tiles.num_kv_tiles(dims) // paged)
+    assert batch * dims.num_kv_heads * paged >= 4 * 132 or per_share < 2 * decode._MIN_TILES
+    assert per_share >= decode._MIN_TILES or paged == 1

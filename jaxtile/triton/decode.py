@@ -26,6 +26,7 @@ import jax.numpy as jnp
 from jaxtile import _softmax as sm
 from jaxtile import registry
 from jaxtile._core import AUTOTUNE, Config, Inputs, Shape
+from jaxtile.mask import cdiv
 from jaxtile.triton import _kernel as pk
 from jaxtile.triton import tuning as tn
 from jaxtile.triton import v2
@@ -36,10 +37,14 @@ _MIN_TILES = 4
 # A wave of programs with at least this fraction of the SMs busy reads at the full HBM
 # bandwidth: one program per SM, 96 of an H200's 132 read a 131072-key cache as fast as
 # 128 did, while a second wave of 60 took 20% longer than none
-# (bench/results/h200/decode_splits_*.log).
+# (bench/results/h200/decode_a00ffe3.log).
 _SATURATING = 0.7
 # Shares within this factor of the fewest waves' time count as equal: the fewest win.
 _TOLERANCE = 1.02
+# Programs per SM to aim for when reading pages: the page table's reads feed the key
+# loads, and many programs hide them (with one program per SM, pages read at 0.57-0.78x
+# the contiguous cache's speed; bench/results/h200/decode_a00ffe3.log).
+_PAGED_PROGRAMS_PER_SM = 4
 # The forward kernel's launch parameters for 16-bit and float32 inputs (16-bit: measured
 # with ``python -m bench.decode --tiles`` on an H200, bench/results/h200/decode_tiles_*.log).
 DEFAULTS = {2: tn.KernelTuning(64, 128, 4, 3), 4: tn.KernelTuning(64, 32, 4, 2)}
@@ -72,13 +77,16 @@ def _waves(programs: int, sms: int) -> float:
     return full + (max(rest / sms, _SATURATING) if rest else 0.0)
 
 
-def num_splits(dims: Shape, tiles: pk.Tiles, sms: int) -> int:
-    """Shares of the key tiles: the fewest whose programs (one per share of each query
-    tile and packed head group) finish soonest in waves over the GPU's ``sms`` SMs
-    (`_waves`, each program doing 1/shares of the work), each share at least
-    `_MIN_TILES` tiles."""
+def num_splits(dims: Shape, tiles: pk.Tiles, sms: int, *, paged: bool = False) -> int:
+    """Shares of the key tiles, each at least `_MIN_TILES` tiles: the fewest whose
+    programs (one per share of each query tile and packed head group) finish soonest in
+    waves over the GPU's ``sms`` SMs (`_waves`, each program doing 1/shares of the
+    work); from ``paged`` caches, enough for `_PAGED_PROGRAMS_PER_SM` programs per SM."""
     programs = tiles.num_q_tiles(dims) * dims.batch * (dims.num_heads // tiles.pack)
-    shares = range(1, max(1, tiles.num_kv_tiles(dims) // _MIN_TILES) + 1)
+    most = max(1, tiles.num_kv_tiles(dims) // _MIN_TILES)
+    if paged:
+        return min(cdiv(_PAGED_PROGRAMS_PER_SM * sms, programs), most)
+    shares = range(1, most + 1)
     time = {s: _waves(programs * s, sms) / s for s in shares}
     best = min(time.values())
     return next(s for s in shares if time[s] <= best * _TOLERANCE)
@@ -119,16 +127,17 @@ def _autotuned(inputs: Inputs, config: Config) -> tn.KernelTuning:
     return tn.autotuned(key, options, measure).forward
 
 
-def _splits(config: Config) -> Callable[[Shape, pk.Tiles], int]:
+def _splits(config: Config, paged: bool) -> Callable[[Shape, pk.Tiles], int]:
     """The shares of a call: the user's `Tuning.num_splits`, or `num_splits`'."""
     requested = getattr(config.tuning, "num_splits", None)
     if requested is not None:
         return lambda dims, tiles: requested
-    return functools.partial(num_splits, sms=pk.sm_count(config.platform))
+    return functools.partial(num_splits, sms=pk.sm_count(config.platform), paged=paged)
 
 
 def _merged(inputs: Inputs, config: Config, tuning: tn.KernelTuning, paged=None):
-    out, lse = v2.forward_pass(inputs, config, tuning, splits=_splits(config), paged=paged)
+    splits = _splits(config, paged is not None)
+    out, lse = v2.forward_pass(inputs, config, tuning, splits=splits, paged=paged)
     if out.shape[0] == 1:
         return out[0], lse[0]
     out, lse = sm.merge(out, lse)
@@ -147,10 +156,10 @@ def _paged_forward(inputs: Inputs, config: Config, paged: tuple[jax.Array, jax.A
 
 def _memory(shape: Shape, block_q, block_k, backward: bool) -> tuple[int, int]:
     """pallas_v2's, plus the float32 partial outputs and lse of the shares `num_splits`
-    takes for one program per (sequence, kv head) on Hopper."""
+    takes for one program per (sequence, kv head) on Hopper, from pages (the most)."""
     residuals, temporaries = pk.memory(shape, fa1=False, backward=backward)
     tiles = pk.Tiles(block_q=shape.group, block_k=block_k or 16, num_stages=1, pack=shape.group)
-    shares = num_splits(dataclasses.replace(shape, q_len=1), tiles, pk.HOPPER_SMS)
+    shares = num_splits(dataclasses.replace(shape, q_len=1), tiles, pk.HOPPER_SMS, paged=True)
     partial = shape.q_bytes(shape.head_dim_v, 4) + shape.batch * shape.num_heads * shape.q_len * 4
     return residuals, max(temporaries, (shares + 1) * partial if shares > 1 else 0)
 
