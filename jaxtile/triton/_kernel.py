@@ -244,20 +244,26 @@ class Pages:
     page_size: int
     num_pages: int
 
-    def load(self, ref, table, b, h, start, block: int, length: int, dim: int, *, ragged: bool):
-        """`load_tile` of the sequence's keys ``start:start+block``, through the table
-        (an index out of the pool is clipped into it, never read out of bounds). A tile
-        within one page is a slice of it; a tile over several pages (or across a page
-        boundary) gathers its rows, so that the tile need not shrink to the page."""
+    def lookup(self, table, b, start, block: int):
+        """The pages of sequence ``b``'s keys ``start:start+block`` from its row of the
+        table: one page id for a tile within one page, else one per key (slots past the
+        table's end read its last entry; ids out of the pool are clipped into it, so no
+        read is ever out of bounds)."""
+        page_size = np.int32(self.page_size)
+        keys = start if self.page_size % block == 0 else start + _iota(block)
+        slots = jnp.minimum(lax.div(keys, page_size), np.int32(table.shape[1] - 1))
+        return jnp.clip(table[b, slots], 0, self.num_pages - 1)
+
+    def load(self, ref, pages, h, start, block: int, length: int, dim: int, *, ragged: bool):
+        """`load_tile` of keys ``start:start+block`` from their ``pages`` (`lookup`). A
+        tile within one page is a slice of it; a tile over several pages (or across a
+        page boundary) gathers its rows, so that the tile need not shrink to the page."""
         mask = _and((start + _iota(block) < length)[:, None] if ragged else None, _in_dims(ref.shape[-1], dim))
         page_size = np.int32(self.page_size)
         if self.page_size % block == 0:
-            page = jnp.clip(table[b, lax.div(start, page_size)], 0, self.num_pages - 1)
-            view = ref.at[h, page, pl.ds(lax.rem(start, page_size), block), :]
+            view = ref.at[h, pages, pl.ds(lax.rem(start, page_size), block), :]
         else:
             keys = start + _iota(block)
-            slots = jnp.minimum(lax.div(keys, page_size), table.shape[1] - 1)
-            pages = jnp.clip(table[b, slots], 0, self.num_pages - 1)
             columns = _iota(ref.shape[-1])[None, :]
             view = ref.at[h, pages[:, None], lax.rem(keys, page_size)[:, None], columns]
         return view[...] if mask is None else plgpu.load(view, mask=mask, other=0.0)

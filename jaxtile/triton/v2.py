@@ -115,42 +115,40 @@ def _forward_kernel(*refs, kernel: pk.Kernel, splits: int, pages: pk.Pages | Non
     q_start = t * n
     # Line 4: load Q_i (stays in registers); initialise O_i, l_i, m_i.
     q = pk.load_rows(q_ref, b, h0, q_start, tiles, dims.q_len, dims.head_dim, ragged=dims.q_len % n != 0)
-    load_kv = pk.load_tile if pages is None else functools.partial(pages.load, table=table[0])
+
+    def lookup(start, block=bk):
+        """With pages, the page ids of keys ``start:start+block`` (`pk.Pages.lookup`)."""
+        return None if pages is None else pages.lookup(table[0], b, start, block)
+
+    def load_kv(ref, start, dim, masked, ids, block=bk):
+        if pages is None:
+            return pk.load_tile(ref, b, h_kv, start, block, dims.kv_len, dim, ragged=masked)
+        return pages.load(ref, ids, h_kv, start, block, dims.kv_len, dim, ragged=masked)
 
     def body(masked, j, carry):
-        acc, m_i, l_i = carry
+        acc, m_i, l_i, ids = carry
         kv_start = j * bk
+        # With pages, the next tile's page ids are read one step ahead, so that this
+        # tile's loads do not wait on the page table.
+        next_ids = lookup(kv_start + bk)
         # Lines 6-8: load K_j; S_ij = Q_i K_jᵀ, plus the bias. (Each tile is loaded just
         # before its first use, which lets Triton's pipeliner wait on K_j alone before the
         # first dot.)
-        k_j = load_kv(
-            k_ref, b=b, h=h_kv, start=kv_start, block=bk, length=dims.kv_len, dim=dims.head_dim, ragged=masked
-        )
+        k_j = load_kv(k_ref, kv_start, dims.head_dim, masked, ids)
         bias = runtime.bias_tile(spec, b, h0, q_start, tiles, kv_start, bk)
         pre = logits.pre(kernel.dot(q, k_j, trans_b=True), bias)
         visible = runtime.visible(spec, b, h0, q_start, tiles, kv_start, bk) if masked else None
         # Lines 9-10: online softmax; O_i = diag(exp(m_old - m_new)) O_i + P_ij V_j.
         p, alpha, m_i, l_i = sm.online_softmax(pre, m_i, l_i, logits, visible, kernel.exp2)
-        v_j = load_kv(
-            v_ref, b=b, h=h_kv, start=kv_start, block=bk, length=dims.kv_len, dim=dims.head_dim_v, ragged=masked
-        )
+        v_j = load_kv(v_ref, kv_start, dims.head_dim_v, masked, ids)
         contained = None
         if masked:
             contained = pk.Contained(
-                row=lambda c: load_kv(
-                    v_ref,
-                    b=b,
-                    h=h_kv,
-                    start=kv_start + c,
-                    block=1,
-                    length=dims.kv_len,
-                    dim=dims.head_dim_v,
-                    ragged=True,
-                ),
+                row=lambda c: load_kv(v_ref, kv_start + c, dims.head_dim_v, True, lookup(kv_start + c, 1), 1),
                 seen=lambda c: runtime.visible(spec, b, h0, q_start, tiles, kv_start + c, 1),
                 count=bk,
             )
-        return kernel.accumulate(acc * alpha[:, None], p, v_j, contained), m_i, l_i
+        return kernel.accumulate(acc * alpha[:, None], p, v_j, contained), m_i, l_i, next_ids
 
     carry = (
         jnp.zeros((tiles.block_q, kernel.head_dim_v_p), jnp.float32),
@@ -166,9 +164,10 @@ def _forward_kernel(*refs, kernel: pk.Kernel, splits: int, pages: pk.Pages | Non
         first = lo + share * per_share
         spans = [span.within(first, first + per_share) for span in spans]
     for span in spans:
+        carry = (*carry[:3], lookup(span.start * bk))
         carry = pk.fori_loop(span.start, span.stop, functools.partial(body, span.masked), carry)
     # Lines 12-13: normalise once; L_i = m_i + log(l_i).
-    out, lse = sm.finalize(*carry)
+    out, lse = sm.finalize(*carry[:3])
     pk.store_rows(o_ref, part, h0, q_start, out, tiles, dims.q_len, dims.head_dim_v)
     pk.store_rows_stat(lse_ref, part, h0, q_start, lse, tiles, dims.q_len)
 
