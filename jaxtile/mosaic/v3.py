@@ -53,13 +53,14 @@ class Tuning:
     block_q: query rows per consumer warpgroup (a program covers ``2 * block_q``).
     block_k: keys per tile of the producer's ring.
     num_stages: slots of the ring (key/value tiles in flight).
-    backward: the backward kernels' (`jaxtile.mosaic.backward`).
+    backward: the backward kernels' (`jaxtile.mosaic.backward`); None for
+      `default_backward_tuning` of the call's head dims.
     """
 
     block_q: int = 64
     block_k: int = 128
     num_stages: int = 2
-    backward: BackwardTuning = dataclasses.field(default_factory=BackwardTuning)
+    backward: BackwardTuning | None = None
 
     def __post_init__(self):
         for name in ("block_q", "block_k"):
@@ -68,6 +69,10 @@ class Tuning:
                 raise ValueError(f"{name}={block!r} must be a positive multiple of {WGMMA_ROWS}")
         if not isinstance(self.num_stages, int) or self.num_stages < 2:
             raise ValueError(f"num_stages={self.num_stages!r} must be an int >= 2")
+
+    def backward_for(self, head_dim: int, head_dim_v: int) -> BackwardTuning:
+        """`backward`, or `default_backward_tuning` of these (padded) head dims."""
+        return self.backward or default_backward_tuning(head_dim, head_dim_v)
 
     def shared_memory(self, head_dim: int, head_dim_v: int, itemsize: int) -> int:
         """Bytes of the query/output tiles, the ring and the lse rows."""
@@ -93,17 +98,16 @@ class Tuning:
 
 
 def default_tuning(head_dim: int, head_dim_v: int, itemsize: int) -> Tuning:
-    """The largest key tile (256, 128 or 64) whose two-stage ring fits beside the queries,
-    and the backward's `default_backward_tuning`."""
-    backward = default_backward_tuning(head_dim, head_dim_v)
+    """The largest key tile (256, 128 or 64) whose two-stage ring fits beside the queries
+    (and the backward's default, `Tuning.backward_for`)."""
     for block_k in (256, 128, 64):
-        tuning = Tuning(block_k=block_k, backward=backward)
+        tuning = Tuning(block_k=block_k)
         if (
             block_k * (head_dim + head_dim_v) <= 256 * 128
             and tuning.shared_memory(head_dim, head_dim_v, itemsize) <= SHARED_MEMORY
         ):
             return tuning
-    return Tuning(block_k=64, backward=backward)
+    return Tuning(block_k=64)
 
 
 @functools.cache
@@ -299,11 +303,12 @@ def _memory(shape: Shape, block_q: int | None, block_k: int | None, backward: bo
     forward = _ring.padded_copies(shape, q_len, padded(shape.kv_len, tuning.block_k), head_dim, head_dim_v)
     if not backward:
         return 0, forward
-    if not tuning.backward.fits(head_dim, head_dim_v, shape.itemsize):
+    backward_tuning = tuning.backward_for(head_dim, head_dim_v)
+    if not backward_tuning.fits(head_dim, head_dim_v, shape.itemsize):
         residuals, temporaries = triton_v2.IMPLEMENTATION.memory(shape, None, None, True)
         return residuals, max(forward, temporaries)
     residuals = shape.q_bytes(shape.head_dim_v) + shape.batch * shape.num_heads * shape.q_len * 4
-    return residuals, max(forward, backward_temporaries(shape, tuning.backward))
+    return residuals, max(forward, backward_temporaries(shape, backward_tuning))
 
 
 def _forward(inputs: Inputs, config: Config):
@@ -317,10 +322,7 @@ def _backward(inputs: Inputs, out, lse, dout, dlse, config: Config):
     call names one); ``(dq, dk, dv, None)``."""
     dims = Shape.of(inputs.q, inputs.k, inputs.v)
     head_dim, head_dim_v = padded(dims.head_dim, WGMMA_ROWS), padded(dims.head_dim_v, WGMMA_ROWS)
-    if isinstance(config.tuning, Tuning):
-        tuning = config.tuning.backward
-    else:
-        tuning = default_backward_tuning(head_dim, head_dim_v)
+    tuning = (config.tuning if isinstance(config.tuning, Tuning) else Tuning()).backward_for(head_dim, head_dim_v)
     if not tuning.fits(head_dim, head_dim_v, dims.itemsize):
         if isinstance(config.tuning, Tuning):  # this family's: the Triton kernels take their table's
             config = dataclasses.replace(config, tuning=None)
