@@ -42,8 +42,9 @@ _SATURATING = 0.7
 # Shares within this factor of the fewest waves' time count as equal: the fewest win.
 _TOLERANCE = 1.02
 # Programs per SM to aim for when reading pages: with a contiguous cache's one per SM,
-# pages read at 0.57-0.78x its speed (bench/results/h200/decode_a00ffe3.log, before the
-# page ids were read a step ahead; after, 16 queries still read pages faster with these).
+# pages read at 0.57-0.78x its speed with 1 or 16 queries at batch 8 and 1 (0.91-0.93x at
+# batch 64; bench/results/h200/decode_a00ffe3.log, before the page ids were read a step
+# ahead; after, 16 queries still read pages faster with these).
 _PAGED_PROGRAMS_PER_SM = 4
 # The forward kernel's launch parameters for 16-bit and float32 inputs (16-bit: measured
 # with ``python -m bench.decode --tiles`` on an H200, bench/results/h200/decode_tiles_*.log).
