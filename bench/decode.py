@@ -10,12 +10,14 @@ table (``paged16``, ``paged64``) — it times jaxtile's default, each ``--impl``
 (``jax.nn.dot_product_attention``) and tokamax's kernels where importable, and on paged
 layouts ``jaxtile.paged_attention`` (default and each ``--impl``); with ``--tiles`` also
 pallas_decode with each of its autotuning candidates, and with ``--splits`` with each of
-`SPLITS` shares of the cache, on the contiguous layouts.
+`SPLITS` shares of the cache, on every layout (on paged ones through
+``paged_attention(..., tuning=)``, in place of the tiles and shares it takes for pages).
 
 Each row reports the median ms, the bytes a decode step must move (q, the output, and K
 and V of the filled cache once), GB/s and its fraction of the copy bandwidth, the speed
 relative to cuDNN (cuDNN's time over this one; on paged layouts cuDNN's ragged time) and,
-on paged layouts, relative to the same implementation on the ragged contiguous cache.
+on paged layouts, relative to the same implementation (or variant) on the ragged
+contiguous cache.
 jaxtile's default is held to the issue's targets — q_len 1: at least 0.85 of the copy
 bandwidth and 1.0× cuDNN; longer queries: 1.2× cuDNN; paged: within 10% of contiguous —
 printed beside the numbers; ``--strict`` exits with status 1 if one is missed::
@@ -127,12 +129,8 @@ def _to_pages(cache: jax.Array, table: np.ndarray) -> jax.Array:
     return chunks[:, np.argsort(table, axis=None)]
 
 
-def _jaxtile(q, k, v, kv_lengths, *, implementation):
-    return jaxtile.flash_attention(q, k, v, kv_lengths=kv_lengths, implementation=implementation)
-
-
-def _tiled(q, k, v, kv_lengths, *, tuning):
-    return jaxtile.flash_attention(q, k, v, kv_lengths=kv_lengths, implementation="pallas_decode", tuning=tuning)
+def _jaxtile(q, k, v, kv_lengths, *, implementation, tuning=None):
+    return jaxtile.flash_attention(q, k, v, kv_lengths=kv_lengths, implementation=implementation, tuning=tuning)
 
 
 def _cudnn(q, k, v, kv_lengths):
@@ -143,8 +141,10 @@ def _tokamax(q, k, v, kv_lengths, *, module, kernel):
     return module.dot_product_attention(q, k, v, key_value_seq_lengths=kv_lengths, implementation=kernel)
 
 
-def _paged(q, k_pages, v_pages, page_table, kv_lengths, *, implementation):
-    return jaxtile.paged_attention(q, k_pages, v_pages, page_table, kv_lengths, implementation=implementation)
+def _paged(q, k_pages, v_pages, page_table, kv_lengths, *, implementation, tuning=None):
+    return jaxtile.paged_attention(
+        q, k_pages, v_pages, page_table, kv_lengths, implementation=implementation, tuning=tuning
+    )
 
 
 def _variants(tiles: bool, splits: bool) -> dict[str, Tuning]:
@@ -161,16 +161,17 @@ def _variants(tiles: bool, splits: bool) -> dict[str, Tuning]:
 
 
 def _attends(layout: str, impls, tokamax, variants: dict[str, Tuning] | None = None) -> dict[str, Callable]:
-    """What is timed on ``layout``, by name: jaxtile's default (``"jaxtile"``) and each
-    of ``impls``, through ``paged_attention`` on paged layouts; on contiguous ones also
-    cuDNN, if ``tokamax`` is the module its kernels, and pallas_decode with each of
-    ``variants`` (`_variants`)."""
-    jaxtile_fn = _paged if layout.startswith("paged") else _jaxtile
+    """What is timed on ``layout``, by name: jaxtile's default (``"jaxtile"``), each of
+    ``impls`` and pallas_decode with each of ``variants`` (`_variants`), through
+    ``paged_attention`` on paged layouts; on contiguous ones also cuDNN, and if
+    ``tokamax`` is the module its kernels."""
+    paged = layout.startswith("paged")
+    jaxtile_fn = _paged if paged else _jaxtile
     attends = {name or "jaxtile": functools.partial(jaxtile_fn, implementation=name) for name in (None, *impls)}
-    if layout.startswith("paged"):
-        return attends
     for name, tuning in (variants or {}).items():
-        attends[name] = functools.partial(_tiled, tuning=tuning)
+        attends[name] = functools.partial(jaxtile_fn, implementation="pallas_decode", tuning=tuning)
+    if paged:
+        return attends
     attends["cudnn"] = _cudnn
     for kernel in TOKAMAX if tokamax else ():
         attends[f"tokamax.{kernel}"] = functools.partial(_tokamax, module=tokamax, kernel=kernel)

@@ -93,6 +93,7 @@ def paged_attention(
     scale: float | None = None,
     return_lse: bool = False,
     implementation: str | None = None,
+    tuning: object | str | None = None,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Exact attention of a batch of queries over a paged key/value cache.
 
@@ -126,6 +127,10 @@ def paged_attention(
       causal, window, logits_soft_cap, sinks, scale, implementation: as in
         `jaxtile.flash_attention`.
       return_lse: also return the log-sum-exp of each row.
+      tuning: as in `jaxtile.flash_attention`: a `jaxtile.triton.decode.Tuning` gives
+        the tiles (``forward``) and ``num_splits`` pallas_decode reads the pages with;
+        None, its defaults for pages (measured by ``python -m bench.decode --tiles
+        --splits``, which times every candidate on the pages too).
 
     Returns:
       ``out [batch, q_len, num_heads, head_dim_v]`` in the query's dtype, and with
@@ -163,7 +168,7 @@ def paged_attention(
         scale=scale,
         block_q=None,
         block_k=None,
-        tuning=None,
+        tuning=tuning,
     )
     pages = (k_pages, v_pages, jnp.asarray(page_table, jnp.int32))
     attend = _gathered if chosen.paged_forward is None else _paged

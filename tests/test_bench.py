@@ -385,10 +385,10 @@ def test_decode_smoke_run_on_cpu(tmp_path):
     assert decode.render(results).splitlines()[2] in done.stdout  # the table's header
 
 
-def test_decode_variants_time_every_candidate_and_share_count_on_contiguous_caches():
+def test_decode_variants_time_every_candidate_and_share_count_on_every_layout():
     """``--tiles`` and ``--splits``: pallas_decode with each autotuning candidate (named
-    by its key tile and stages) and each share count, on the dense and ragged layouts
-    (``paged_attention`` takes no tuning)."""
+    by its key tile and stages) and each share count, by the same names on every layout:
+    through ``flash_attention`` on the contiguous ones, ``paged_attention`` on the paged."""
     from bench import decode
     from jaxtile.triton.decode import CANDIDATES
 
@@ -399,9 +399,42 @@ def test_decode_variants_time_every_candidate_and_share_count_on_contiguous_cach
     assert [variants[name].num_splits for name in sorted(split)] == [int(n.split("=")[1]) for n in sorted(split)]
     assert decode._variants(tiles=False, splits=False) == {}
     for layout in decode.LAYOUTS:
-        names = set(decode._attends(layout, (), None, variants))
-        assert (set(variants) <= names) == (not layout.startswith("paged")) and "jaxtile" in names
+        attends = decode._attends(layout, (), None, variants)
+        assert set(variants) <= set(attends) and "jaxtile" in attends
         assert not set(variants) & set(decode._attends(layout, (), None))
+        call = decode._paged if layout.startswith("paged") else decode._jaxtile
+        for name, tuning in variants.items():
+            assert attends[name].func is call, (layout, name)
+            assert attends[name].keywords == dict(implementation="pallas_decode", tuning=tuning), (layout, name)
+
+
+def test_decode_variants_read_the_pages_in_their_tiles_and_shares(monkeypatch):
+    """A ``--tiles`` and a ``--splits`` variant on a paged layout of the smoke case
+    (interpreted on CPU): pallas_decode reads the pages in the variant's key tiles and
+    shares, and gives the default's output."""
+    from bench import decode
+    from jaxtile.triton import decode as pallas_decode
+
+    seen = []
+    forward_pass = pallas_decode.v2.forward_pass
+
+    def spy(inputs, config, tuning, **options):
+        out, lse = forward_pass(inputs, config, tuning, **options)
+        seen.append((tuning.block_k, out.shape[0], options["paged"] is not None))
+        return out, lse
+
+    monkeypatch.setattr(pallas_decode.v2, "forward_pass", spy)
+    case = decode.SMOKE[0]
+    q, k, v = decode._inputs(case)
+    args = decode._arguments(case, "paged16", q, k, v, decode._kv_lengths(case))
+    variants = decode._variants(tiles=True, splits=True)
+    chosen = {name: variants[name] for name in ("pallas_decode 32x2", "pallas_decode splits=3")}
+    attends = decode._attends("paged16", (), None, chosen)
+    want = np.asarray(attends["jaxtile"](*args))
+    for name in chosen:
+        np.testing.assert_allclose(np.asarray(attends[name](*args)), want, rtol=1e-5, atol=1e-5, err_msg=name)
+    # 32-key tiles in the shares pages take (8 tiles: 2), the 16-bit default's 128 in 3.
+    assert seen == [(32, 2, True), (128, 3, True)]
 
 
 def test_decode_moves_the_filled_cache_once():

@@ -1,7 +1,7 @@
 """``jaxtile.paged_attention``: against ``flash_attention`` on the gathered contiguous
 cache (the definition, up to the order of summation) and against a float64 reference built from the dense mask, with
-pages in random order, shared pages, uneven fills, both dtypes; gradients; ``jit``; bad
-input."""
+pages in random order, shared pages, uneven fills, both dtypes; a user's pallas_decode
+tuning; gradients; ``jit``; bad input."""
 
 from __future__ import annotations
 
@@ -296,6 +296,50 @@ def test_decode_share_count_must_be_a_positive_int(num_splits):
         decode.Tuning(t, t, t, num_splits=num_splits)
 
 
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_paged_decode_reads_pages_with_the_users_tuning(monkeypatch, num_splits):
+    """``paged_attention(tuning=decode.Tuning(...))``: pallas_decode reads the pages in
+    the user's 64-key tiles and ``num_splits`` shares, not its defaults for pages (here
+    32-key float32 tiles in 4 shares), and gives the float64 reference's output and lse."""
+    case = Paged("user_tuning", kv_lengths=(512, 301), q_len=3, page_size=16, pages_per_sequence=32)
+    arrays = _inputs(case)
+    seen = []
+    forward_pass = decode.v2.forward_pass
+
+    def spy(inputs, config, tuning, **options):
+        out, lse = forward_pass(inputs, config, tuning, **options)
+        seen.append((tuning.block_k, out.shape[0], options["paged"] is not None))
+        return out, lse
+
+    monkeypatch.setattr(decode.v2, "forward_pass", spy)
+    t = KernelTuning(16, 64, 4, 2)
+    tuning = decode.Tuning(t, t, t, num_splits=num_splits)
+    _check(case, arrays, *_paged(arrays, implementation="pallas_decode", tuning=tuning))
+    assert seen == [(64, num_splits, True)]
+
+
+def test_paged_decode_autotunes_on_the_pages(monkeypatch):
+    """``tuning="autotune"`` (forced here on CPU, where pallas_decode takes its defaults):
+    each candidate is timed reading the pages, chosen apart from the contiguous cache
+    of the same shape, and the result is the float64 reference's."""
+    case = Paged("autotune", kv_lengths=(24, 5), q_len=3)
+    arrays = _inputs(case)
+    timed = []
+    median_seconds = decode.tn.median_seconds
+
+    def counting(run, repeats=5):
+        seconds = median_seconds(run, repeats)
+        timed.append(seconds)
+        return seconds
+
+    monkeypatch.setattr(decode.tn, "median_seconds", counting)
+    monkeypatch.setattr(decode.tn, "_AUTOTUNED", {})
+    monkeypatch.setattr(decode, "_tuning", lambda inputs, config, paged=None: decode._autotuned(inputs, config, paged))
+    _check(case, arrays, *_paged(arrays, implementation="pallas_decode", tuning="autotune"))
+    assert len(timed) == len(decode.CANDIDATES), "every candidate runs on the pages"
+    assert [key[-1] for key in decode.tn._AUTOTUNED] == [case.page_size]
+
+
 def test_gradients_match_float64_reference():
     """dq, dk_pages, dv_pages (shared pages accumulate, unused pages get 0) under a random
     output and lse cotangent, against ``jax.grad`` of the float64 reference."""
@@ -433,6 +477,16 @@ def test_bad_input(what, changes, error, text):
     with pytest.raises(error) as raised:
         jaxtile.paged_attention(**arguments)
     assert text in str(raised.value)
+
+
+@pytest.mark.parametrize("tuning", ["fast", KernelTuning(16, 64, 4, 2)], ids=["string", "kernel_tuning"])
+def test_bad_tuning_raises_as_flash_attention_does(tuning):
+    with pytest.raises(TypeError) as paged:
+        jaxtile.paged_attention(**VALID, tuning=tuning)
+    cache = jnp.zeros((3, 12, 2, 8))
+    with pytest.raises(TypeError) as direct:
+        jaxtile.flash_attention(_Q, cache, cache, kv_lengths=_LENGTHS, tuning=tuning)
+    assert str(paged.value) == str(direct.value) and f"got {tuning!r}" in str(paged.value)
 
 
 def test_shape_errors_raise_under_jit():

@@ -1,5 +1,6 @@
 """The Pallas kernels' tiles: what each kernel stages in shared memory, the tiles and stages
-`Tiles.fit` picks so that every supported call fits, and GQA packing of query heads."""
+`Tiles.fit` picks so that every supported call fits, GQA packing of query heads, and
+pallas_decode's split-KV shares and their memory."""
 
 from __future__ import annotations
 
@@ -163,3 +164,23 @@ def test_decode_shares_the_cache_out_in_whole_waves(batch, q_len, kv_len, shares
     per_share = -(-tiles.num_kv_tiles(dims) // paged)
     assert batch * dims.num_kv_heads * paged >= 4 * 132 or per_share < 2 * decode._MIN_TILES
     assert per_share >= decode._MIN_TILES or paged == 1
+
+
+def test_decode_memory_holds_the_partial_results_of_the_most_shares():
+    """pallas_decode's memory model: pallas_v2's residuals, and as temporaries the
+    float32 partial outputs and lse of the shares pages take for one program per
+    (sequence, kv head) on Hopper's 132 SMs, ``min(ceil(4 * 132 / programs), key tiles
+    // 4)`` (16-key tiles unless ``block_k`` is given), and of their merge."""
+    # Batch 1, one query, 128K keys, GQA 32:8, head dim 128, bf16: 8 programs of 8192
+    # tiles, min(ceil(528 / 8), 8192 // 4) = 66 shares, each a float32 output
+    # [1, 1, 32, 128] (16384 bytes) and lse [1, 32, 1] (128 bytes).
+    shape = Shape(1, 1, 131072, 32, 8, 128, 128, 2)
+    assert decode._memory(shape, None, None, backward=False) == (0, 67 * (16384 + 128))
+    # The backward keeps out (bf16) and lse: 8192 + 128 bytes; its two float32 rows are fewer.
+    assert decode._memory(shape, None, None, backward=True) == (8192 + 128, 67 * (16384 + 128))
+    # Batch 8, 32K keys in 128-key tiles: 64 programs of 256 tiles, min(9, 64) = 9 shares.
+    shape = Shape(8, 1, 32768, 32, 8, 128, 128, 2)
+    assert decode._memory(shape, None, 128, backward=False) == (0, 10 * (8 * 32 * 128 * 4 + 8 * 32 * 4))
+    # 64 keys are 4 tiles, one share: pallas_v2's out and lse, and two float32 rows.
+    shape = Shape(2, 1, 64, 4, 2, 16, 16, 4)
+    assert decode._memory(shape, None, None, backward=True) == (2 * 4 * 16 * 4 + 2 * 4 * 4, 2 * (2 * 4 * 4))

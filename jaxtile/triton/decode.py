@@ -79,12 +79,18 @@ def _waves(programs: int, sms: int) -> float:
 
 
 def num_splits(dims: Shape, tiles: pk.Tiles, sms: int, *, paged: bool = False) -> int:
-    """Shares of the key tiles, each at least `_MIN_TILES` tiles: the fewest whose
-    programs (one per share of each query tile and packed head group) finish soonest in
+    """`_shares` of the key tiles for the programs of ``dims`` in ``tiles``: one per
+    query tile and packed head group of each sequence."""
+    programs = tiles.num_q_tiles(dims) * dims.batch * (dims.num_heads // tiles.pack)
+    return _shares(programs, tiles.num_kv_tiles(dims), sms, paged=paged)
+
+
+def _shares(programs: int, kv_tiles: int, sms: int, *, paged: bool) -> int:
+    """Shares of each of ``programs``' ``kv_tiles`` key tiles, each at least
+    `_MIN_TILES` tiles: the fewest whose ``programs * shares`` programs finish soonest in
     waves over the GPU's ``sms`` SMs (`_waves`, each program doing 1/shares of the
     work); from ``paged`` caches, enough for `_PAGED_PROGRAMS_PER_SM` programs per SM."""
-    programs = tiles.num_q_tiles(dims) * dims.batch * (dims.num_heads // tiles.pack)
-    most = max(1, tiles.num_kv_tiles(dims) // _MIN_TILES)
+    most = max(1, kv_tiles // _MIN_TILES)
     if paged:
         return min(cdiv(_PAGED_PROGRAMS_PER_SM * sms, programs), most)
     shares = range(1, most + 1)
@@ -93,35 +99,39 @@ def num_splits(dims: Shape, tiles: pk.Tiles, sms: int, *, paged: bool = False) -
     return next(s for s in shares if time[s] <= best * _TOLERANCE)
 
 
-def _tuning(inputs: Inputs, config: Config, paged: bool = False) -> tn.KernelTuning:
-    """The forward kernel's launch parameters: the user's, autotuned, or the default
-    (for pages and several queries, with `_PAGED_BLOCK_K` keys per tile at most)."""
+def _tuning(inputs: Inputs, config: Config, paged=None) -> tn.KernelTuning:
+    """The forward kernel's launch parameters: the user's, autotuned (reading ``paged``,
+    `_paged_forward`'s pages, if given), or the default (for pages and several queries,
+    with `_PAGED_BLOCK_K` keys per tile at most)."""
     if isinstance(config.tuning, tn.Tuning):
         tuning = config.tuning.forward
     elif config.tuning == AUTOTUNE and config.platform == "gpu":
-        return _autotuned(inputs, config)
+        return _autotuned(inputs, config, paged)
     else:
         tuning = DEFAULTS[min(jnp.dtype(inputs.q.dtype).itemsize, 4)]
-        if paged and inputs.q.shape[1] > 1:
+        if paged is not None and inputs.q.shape[1] > 1:
             tuning = dataclasses.replace(tuning, block_k=min(tuning.block_k, _PAGED_BLOCK_K))
     return dataclasses.replace(
         tuning, block_q=config.block_q or tuning.block_q, block_k=config.block_k or tuning.block_k
     )
 
 
-def _autotuned(inputs: Inputs, config: Config) -> tn.KernelTuning:
-    """The fastest of `CANDIDATES` for this shape, timed once per process."""
+def _autotuned(inputs: Inputs, config: Config, paged=None) -> tn.KernelTuning:
+    """The fastest of `CANDIDATES` for this shape (and page size, reading ``paged``),
+    timed once per process."""
     dims = Shape.of(inputs.q, inputs.k, inputs.v)
-    key = ("decode", dims, inputs.q.dtype, config.mask, config.logits, config.block_q, config.block_k)
+    page_size = None if paged is None else paged[0].shape[2]
+    key = ("decode", dims, inputs.q.dtype, config.mask, config.logits, config.block_q, config.block_k, page_size)
     default = tn.default_tuning(pk.next_pow2(max(dims.head_dim, dims.head_dim_v)), inputs.q.dtype, "full")
     options = tuple(
         dataclasses.replace(default, forward=c).with_blocks(config.block_q, config.block_k) for c in CANDIDATES
     )
 
     def measure(tuning: tn.Tuning) -> tuple[float, float]:
-        run = jax.jit(lambda inputs: _merged(inputs, config, tuning.forward))
+        # Closes over the inputs: from pages, inputs.k and inputs.v are shapes, not arrays.
+        run = jax.jit(lambda: _merged(inputs, config, tuning.forward, paged))
         try:
-            return tn.median_seconds(lambda: jax.block_until_ready(run(inputs))), 0.0
+            return tn.median_seconds(lambda: jax.block_until_ready(run())), 0.0
         except Exception:  # a candidate that does not fit (shared memory, registers) loses
             return float("inf"), 0.0
 
@@ -152,15 +162,16 @@ def _forward(inputs: Inputs, config: Config):
 
 def _paged_forward(inputs: Inputs, config: Config, paged: tuple[jax.Array, jax.Array, jax.Array]):
     """`_forward` reading K and V from pages (`v2.forward_pass`)."""
-    return _merged(inputs, config, _tuning(inputs, config, paged=True), paged)
+    return _merged(inputs, config, _tuning(inputs, config, paged), paged)
 
 
 def _memory(shape: Shape, block_q, block_k, backward: bool) -> tuple[int, int]:
-    """pallas_v2's, plus the float32 partial outputs and lse of the shares `num_splits`
-    takes for one program per (sequence, kv head) on Hopper, from pages (the most)."""
+    """pallas_v2's, plus the float32 partial outputs and lse of the shares `_shares`
+    takes for one program per (sequence, kv head) on Hopper, from pages (the most), in
+    key tiles of ``block_k`` (16, the fewest keys, if None)."""
     residuals, temporaries = pk.memory(shape, fa1=False, backward=backward)
-    tiles = pk.Tiles(block_q=shape.group, block_k=block_k or 16, num_stages=1, pack=shape.group)
-    shares = num_splits(dataclasses.replace(shape, q_len=1), tiles, pk.HOPPER_SMS, paged=True)
+    kv_tiles = cdiv(shape.kv_len, block_k or pk.MIN_BLOCK)
+    shares = _shares(shape.batch * shape.num_kv_heads, kv_tiles, pk.HOPPER_SMS, paged=True)
     partial = shape.q_bytes(shape.head_dim_v, 4) + shape.batch * shape.num_heads * shape.q_len * 4
     return residuals, max(temporaries, (shares + 1) * partial if shares > 1 else 0)
 
