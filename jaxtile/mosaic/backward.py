@@ -283,15 +283,17 @@ class _DqAdder(NamedTuple):
 
     def terms(self, buf, k_smem, wg):
         """The ``(a, b)`` pairs whose products sum to consumer ``wg``'s block of
-        ``dS_ij K_j``: one per consumer's keys."""
-        r0, c0 = self.split.corner(wg)
-        return tuple(
-            (
-                self.ds.at[buf, c, :, pl.ds(r0, self.split.rows)].transpose((1, 0)),
-                k_smem.at[c, :, pl.ds(c0, self.split.cols)],
-            )
-            for c in range(CONSUMERS)
-        )
+        ``dS_ij K_j``: its own keys', then the other consumer's. (Every index is traced:
+        jax 0.11's lowering of ``wgmma`` fails on constant ones.)"""
+        split, terms = self.split, []
+        for c in (wg, CONSUMERS - 1 - wg):
+            ds, k = self.ds.at[buf, c], k_smem.at[c]
+            if split.by_rows:
+                ds = ds.at[:, pl.ds(wg * split.rows, split.rows)]
+            else:
+                k = k.at[:, pl.ds(wg * split.cols, split.cols)]
+            terms.append((ds.transpose((1, 0)), k))
+        return tuple(terms)
 
     def add(self, part, h, i, rows_per_tile: int, wg):
         """Adds consumer ``wg``'s block ``part`` of head ``h``'s query tile ``i``'s ``dS K`` to ``dq``
