@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -40,39 +39,6 @@ _ACCUMULATOR_REGISTERS = 128
 # The dK/dV kernel splits a kv head's query heads over programs below this many programs
 # (four per SM of an H100: one runs per SM at a time, and causal masks make them uneven).
 _MIN_PROGRAMS = 528
-
-
-@dataclasses.dataclass(frozen=True)
-class _DqSplit:
-    """How the dK/dV kernel's consumers share each step's ``[block_q, head_dim]`` tile of
-    ``dS_ij K_j`` (line 15, folded into the dK/dV kernel): each computes a ``[rows,
-    cols]`` block of it from both consumers' ``dS`` (exchanged through shared memory),
-    by rows where ``block_q`` spans two ``wgmma`` tiles, else by columns."""
-
-    rows: int
-    cols: int
-    by_rows: bool
-
-    @staticmethod
-    def of(block_q: int, head_dim: int, dtype) -> _DqSplit | None:
-        """The split of these tiles, or None where the separate dQ kernel runs instead:
-        float16 (its ``dS`` is scaled per key, which ``dS K`` cannot undo) and tiles
-        that split into no ``wgmma``-sized blocks."""
-        if jnp.dtype(dtype) != jnp.bfloat16:
-            return None
-        if block_q % (CONSUMERS * WGMMA_ROWS) == 0:
-            return _DqSplit(block_q // CONSUMERS, head_dim, True)
-        if head_dim % (CONSUMERS * WGMMA_ROWS) == 0:
-            return _DqSplit(block_q, head_dim // CONSUMERS, False)
-        return None
-
-    def corner(self, wg):
-        """Consumer ``wg``'s block's first row and column in the tile."""
-        return (wg * self.rows, 0) if self.by_rows else (0, wg * self.cols)
-
-    def shared_memory(self, block_q: int, block_k: int, itemsize: int) -> int:
-        """Two buffers of both consumers' ``dS`` tiles, and each one's float32 block."""
-        return 2 * CONSUMERS * block_k * block_q * itemsize + CONSUMERS * self.rows * self.cols * 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,19 +62,13 @@ class BackwardTuning:
         if not isinstance(self.num_stages, int) or self.num_stages < 2:
             raise ValueError(f"num_stages={self.num_stages!r} must be an int >= 2")
 
-    def shared_memory(self, head_dim: int, head_dim_v: int, itemsize: int, dq_split: _DqSplit | None = None) -> int:
+    def shared_memory(self, head_dim: int, head_dim_v: int, itemsize: int) -> int:
         """Bytes of the larger kernel's tiles: its consumers' own rows (in dK/dV, or the
-        float32 parts of dK, dV they become, and with a ``dq_split`` the tiles that
-        fold dQ in) and its ring."""
+        float32 parts of dK, dV they become) and its ring."""
         width = (head_dim + head_dim_v) * itemsize
         stats = 3 * 4  # L_i, D_i and a segment id per query row
-        own_keys = CONSUMERS * self.block_k * (width + 4)
-        if dq_split is not None:
-            own_keys += dq_split.shared_memory(self.block_q, self.block_k, itemsize)
-        parts = CONSUMERS * self.block_k * (head_dim + head_dim_v) * 4
-        dkdv = max(own_keys, parts) + self.num_stages * self.block_q * (width + stats)
-        if dq_split is not None:
-            return dkdv
+        own_keys = CONSUMERS * self.block_k * ((head_dim + head_dim_v) * max(itemsize, 4) + 4)
+        dkdv = own_keys + self.num_stages * self.block_q * (width + stats)
         dq = CONSUMERS * self.block_q * (width + stats) + self.num_stages * self.block_k * (width + 4)
         return max(dkdv, dq)
 
@@ -120,14 +80,6 @@ class BackwardTuning:
             accumulators <= _ACCUMULATOR_REGISTERS
             and self.shared_memory(head_dim, head_dim_v, itemsize) <= SHARED_MEMORY
         )
-
-    def dq_split(self, head_dim: int, head_dim_v: int, dtype) -> _DqSplit | None:
-        """`_DqSplit.of` these tiles where dK/dV's shared memory also holds its tiles:
-        dQ is then folded into the dK/dV kernel (5 products per pair of tiles, not 7)."""
-        split = _DqSplit.of(self.block_q, head_dim, dtype)
-        if split is None or self.shared_memory(head_dim, head_dim_v, 2, split) > SHARED_MEMORY:
-            return None
-        return split
 
 
 def default_backward_tuning(head_dim: int, head_dim_v: int) -> BackwardTuning:
@@ -148,16 +100,15 @@ def _scores_grad(p, dp, delta, pre, logits: sm.Logits, visible, axis: int):
 
 
 def _products(*products):
-    """``acc + Σ a @ b`` for each ``(acc, (a, b), ...)`` (``acc`` None: from zero),
-    issued as one group of ``wgmma``s that is waited for once."""
+    """``acc + a @ b`` for each ``(acc, a, b)`` (``acc`` None: from zero), issued as one
+    group of ``wgmma``s that is waited for once."""
 
     def issue(refs):
-        for ref, (_, *terms) in zip(refs, products):
-            for a, b in terms:
-                plgpu.wgmma(ref, a, b)
+        for ref, (_, a, b) in zip(refs, products):
+            plgpu.wgmma(ref, a, b)
 
     accs = []
-    for acc, (a, b), *_ in products:
+    for acc, a, b in products:
         if acc is None:
             acc = plgpu.layout_cast(jnp.zeros((a.shape[0], b.shape[1]), jnp.float32), plgpu.Layout.WGMMA)
         accs.append(plgpu.ACC.init(acc))
@@ -227,7 +178,7 @@ def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning):
             plgpu.barrier_wait(k_ready.at[slot])
             plgpu.barrier_wait(v_ready.at[slot])
             # Lines 9-13: S_ij = Q_i K_jᵀ, dP_ij = dO_i V_jᵀ; P_ij = exp2(S_ij - L_i).
-            scores, dp = _products((None, (q_i, k_j.transpose((1, 0)))), (None, (do_i, v_j.transpose((1, 0)))))
+            scores, dp = _products((None, q_i, k_j.transpose((1, 0))), (None, do_i, v_j.transpose((1, 0))))
             plgpu.barrier_arrive(v_free.at[slot])
             pre = logits.pre(scores)
             kv_segment = keys.step_ids(slot, masked)  # the keys' ids ride the ring
@@ -239,7 +190,7 @@ def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning):
                 p = jnp.where(visible, p, 0.0)
             ds, inv_scale = _rounded(_scores_grad(p, dp, delta, pre, logits, visible, 0), k_ref.dtype)
             # Line 15: dQ_i += dS_ij K_j.
-            (product,) = _products((_accumulator(dq_i, inv_scale), (ds, k_j)))
+            (product,) = _products((_accumulator(dq_i, inv_scale), ds, k_j))
             plgpu.barrier_arrive(k_free.at[slot])
             return _unscaled(dq_i, product, inv_scale)
 
@@ -256,109 +207,28 @@ def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning):
         keys.produce(first=first, steps=steps, group=dims.group, block_k=bk, num_stages=stages)
 
 
-class _DqAdder(NamedTuple):
-    """What the dK/dV kernel adds ``dS_ij K_j`` to ``dQ_i`` in global memory with, in a
-    fixed order (bitwise deterministic): the ``ranks [1|batch, kv_tiles, q_tiles]`` of
-    `_dq_order` (how many key tiles before this one add to query tile ``i``: the adds
-    go in the order of the key tiles, which is the launch order, so no program waits on
-    one that has not started), the float32 ``dq [batch, q_len, heads, head_dim]``, a
-    semaphore per (batch, head, query tile, consumer) counting the adds done, and the
-    shared memory that the consumers exchange ``dS`` through."""
-
-    split: _DqSplit
-    ranks: object
-    dq: object
-    semaphores: object
-    ds: object
-    part: object
-    ds_ready: object
-
-    def exchange(self, ds, buf, wg):
-        """Puts consumer ``wg``'s ``dSᵀ [block_k, block_q]`` in buffer ``buf``; returns
-        once both consumers' are there."""
-        self.ds.at[buf, wg][...] = ds
-        plgpu.commit_smem()
-        plgpu.barrier_arrive(self.ds_ready.at[buf])
-        plgpu.barrier_wait(self.ds_ready.at[buf])
-
-    def terms(self, buf, k_smem, wg):
-        """The ``(a, b)`` pairs whose products sum to consumer ``wg``'s block of
-        ``dS_ij K_j``: its own keys', then the other consumer's. (Every index is traced:
-        jax 0.11's lowering of ``wgmma`` fails on constant ones.)"""
-        split, terms = self.split, []
-        for c in (wg, CONSUMERS - 1 - wg):
-            ds, k = self.ds.at[buf, c], k_smem.at[c]
-            if split.by_rows:
-                ds = ds.at[:, pl.ds(wg * split.rows, split.rows)]
-            else:
-                k = k.at[:, pl.ds(wg * split.cols, split.cols)]
-            terms.append((ds.transpose((1, 0)), k))
-        return tuple(terms)
-
-    def add(self, part, h, i, rows_per_tile: int, wg):
-        """Adds consumer ``wg``'s block ``part`` of head ``h``'s query tile ``i``'s ``dS K`` to ``dq``
-        once the key tiles before this one have (a store for the first), and returns
-        the semaphore to signal once the copy has landed (`release`)."""
-        b = lax.axis_index("batch")
-        r0, c0 = self.split.corner(wg)
-        out = self.part.at[wg]
-        out[...] = part
-        plgpu.commit_smem()
-        rank = self.ranks[b if self.ranks.shape[0] > 1 else 0, lax.axis_index("kv_tiles"), i]
-        semaphore = ((b * self.dq.shape[2] + h) * (self.dq.shape[1] // rows_per_tile) + i) * CONSUMERS + wg
-        plgpu.semaphore_wait(self.semaphores.at[semaphore], rank, decrement=False, memory_scope="gpu")
-        dst = self.dq.at[b, pl.ds(i * rows_per_tile + r0, self.split.rows), h, pl.ds(c0, self.split.cols)]
-        pl.when(rank == 0)(lambda: plgpu.copy_smem_to_gmem(out, dst))
-        pl.when(rank > 0)(lambda: plgpu.copy_smem_to_gmem(out, dst, reduction_op="add"))
-        return semaphore
-
-    def release(self, semaphore):
-        """Waits for the last copy to land and counts it on ``semaphore`` (-1: none)."""
-
-        @pl.when(semaphore >= 0)
-        def _():
-            plgpu.wait_smem_to_gmem(0)
-            plgpu.semaphore_signal(self.semaphores.at[semaphore], 1, memory_scope="gpu")
-
-        return jnp.int32(-1)
-
-
-def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int, dq_split: _DqSplit | None):
+def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int):
     """Lines 6-18 for one (key tile of ``2 * block_k`` keys, batch, kv head, share of its
     query heads), transposed: the producer streams ``Q_i``, ``dO_i``, ``L_i`` and ``D_i``
-    of each (head of the share, query tile) in turn, the query tiles last to first. With
-    several shares, each writes its float32 part of dK_j, dV_j through tiles that reuse
-    the memory of K_j, V_j. With a ``dq_split``, each step also adds ``dS_ij K_j`` to
-    ``dQ_i`` (line 15; `_DqAdder`). ``refs``: the operands, the runtime parts of the mask
-    the call has (`_ring.runtime_operands`; the queries' segment ids ride the ring), the
-    ranks of `_dq_order`, dk, dv, dq and the shared memory."""
-    q_ref, k_ref, v_ref, do_ref, lse2_ref, delta_ref, *refs, scoped = refs
-    if dq_split is None:
-        *runtime, dk_ref, dv_ref = refs
-    else:
-        *runtime, ranks_ref, dk_ref, dv_ref, dq_ref = refs
+    of each (head of the share, query tile) in turn. With several shares, each writes its
+    float32 part of dK_j, dV_j through tiles that reuse the memory of K_j, V_j. ``refs``:
+    the operands, the runtime parts of the mask the call has (`_ring.runtime_operands`;
+    the queries' segment ids ride the ring), dk, dv and the shared memory."""
+    q_ref, k_ref, v_ref, do_ref, lse2_ref, delta_ref, *runtime, dk_ref, dv_ref, scoped = refs
     ids, lengths_ref, bounds_ref = _ring.runtime_refs(spec, runtime)
-    (own, q_smem, do_smem, lse_smem, delta_smem, segment_smem), (own_ready, consumed, ds_ready, ready, free) = scoped
-    own, parts = own if splits > 1 else (own, None)
-    (k_smem, v_smem), exchanged = own if dq_split is not None else (own, None)
-    dk_smem, dv_smem = parts or (k_smem, v_smem)
+    (own, q_smem, do_smem, lse_smem, delta_smem, segment_smem), (own_ready, consumed, ready, free) = scoped
+    (k_smem, v_smem), (dk_smem, dv_smem) = own if splits > 1 else (own, own)
     bq, bk, stages = tuning.block_q, tuning.block_k, tuning.num_stages
     keys = CONSUMERS * bk
     share, b, wg = lax.axis_index("shares"), lax.axis_index("batch"), lax.axis_index("wg")
     h_kv = lax.div(share, jnp.int32(splits))
     j = lax.axis_index("kv_tiles")
     spans = spec.q_spans(j, bq, keys, _ring.tile_bounds(bounds_ref, j))
-    last, per_head = spans[-1].stop - 1, spans[-1].stop - spans[0].start
+    first, per_head = spans[0].start, spans[-1].stop - spans[0].start
     group = dims.group // splits
     (q_ready, do_ready, lse_ready, delta_ready, *segment_ready) = ready
     (q_free, do_free, lse_free, delta_free, *segment_free) = free
     query_ids = (segment_smem[1], *segment_ready, *segment_free) if spec.has_segments else None
-    adder = None
-    if dq_split is not None:
-        semaphores = pl.get_global(
-            plgpu.SemaphoreType.REGULAR((dims.batch * dims.num_heads * (dims.q_len // bq) * CONSUMERS,))
-        )
-        adder = _DqAdder(dq_split, ranks_ref, dq_ref, semaphores, *exchanged, ds_ready)
 
     @pl.when(wg < CONSUMERS)
     def _consumer():
@@ -379,16 +249,13 @@ def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int, dq_sp
         lengths = _ring.read_lengths(lengths_ref)
 
         def step(g, masked: bool, i, carry):
-            dk_j, dv_j, pending = carry
-            s = g * per_head + last - i
-            slot = lax.rem(s, jnp.int32(stages))
+            dk_j, dv_j = carry
+            slot = lax.rem(g * per_head + i - first, jnp.int32(stages))
             q_i, do_i = q_smem.at[slot], do_smem.at[slot]
             plgpu.barrier_wait(q_ready.at[slot])
             plgpu.barrier_wait(do_ready.at[slot])
             # Lines 8-13, transposed: Sᵀ = K_j Q_iᵀ, dPᵀ = V_j dO_iᵀ; Pᵀ = exp2(Sᵀ - L_i).
-            scores_t, dp_t = _products((None, (k_j, q_i.transpose((1, 0)))), (None, (v_j, do_i.transpose((1, 0)))))
-            if adder is not None:  # the last step's add has landed by now, mostly
-                pending = adder.release(pending)
+            scores_t, dp_t = _products((None, k_j, q_i.transpose((1, 0))), (None, v_j, do_i.transpose((1, 0))))
             pre_t = logits.pre(scores_t)
             plgpu.barrier_wait(lse_ready.at[slot])
             lse2 = _ring.load_stat(lse_smem.at[slot], 1)
@@ -404,35 +271,22 @@ def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int, dq_sp
             delta = _ring.load_stat(delta_smem.at[slot], 1)
             plgpu.barrier_arrive(delta_free.at[slot])
             ds_t, inv_scale = _rounded(_scores_grad(p_t, dp_t, delta, pre_t, logits, visible, 1), q_ref.dtype)
-            # Lines 12, 16 (and 15): dV_j += Pᵀ dO_i, dK_j += dSᵀ Q_i (dQ_i += dS_ij K_j).
-            products = ((dv_j, (p_t.astype(q_ref.dtype), do_i)), (_accumulator(dk_j, inv_scale), (ds_t, q_i)))
-            if adder is None:
-                dv_j, product = _products(*products)
-            else:
-                buf = lax.rem(s, jnp.int32(2))
-                adder.exchange(ds_t, buf, wg)
-                dv_j, product, part = _products(*products, (None, *adder.terms(buf, k_smem, wg)))
+            # Lines 12 and 16: dV_j += Pᵀ dO_i, dK_j += dSᵀ Q_i.
+            dv_j, product = _products((dv_j, p_t.astype(q_ref.dtype), do_i), (_accumulator(dk_j, inv_scale), ds_t, q_i))
             plgpu.barrier_arrive(do_free.at[slot])
             plgpu.barrier_arrive(q_free.at[slot])
-            if adder is not None:
-                pending = adder.add(part, share * group + g, i, bq, wg)
-            return _unscaled(dk_j, product, inv_scale), dv_j, pending
+            return _unscaled(dk_j, product, inv_scale), dv_j
 
         def one_head(g, carry):
-            for span in reversed(spans):
-                n = span.stop - span.start
-                carry = lax.fori_loop(
-                    jnp.int32(0), n, lambda t, c, span=span: step(g, span.masked, span.stop - 1 - t, c), carry
-                )
+            for span in spans:
+                carry = lax.fori_loop(span.start, span.stop, functools.partial(step, g, span.masked), carry)
             return carry
 
         zeros = (
             plgpu.layout_cast(jnp.zeros((bk, dims.head_dim), jnp.float32), plgpu.Layout.WGMMA),
             plgpu.layout_cast(jnp.zeros((bk, dims.head_dim_v), jnp.float32), plgpu.Layout.WGMMA),
         )
-        dk_j, dv_j, pending = lax.fori_loop(jnp.int32(0), jnp.int32(group), one_head, (*zeros, jnp.int32(-1)))
-        if adder is not None:
-            adder.release(pending)
+        dk_j, dv_j = lax.fori_loop(jnp.int32(0), jnp.int32(group), one_head, zeros)
         # Line 18: write dK_j, dV_j; a share's float32 parts once neither consumer reads
         # K_j, V_j (their tiles span both consumers').
         if splits > 1:
@@ -453,7 +307,7 @@ def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int, dq_sp
         def head_and_rows(s):
             s = jnp.asarray(s, jnp.int32)
             g = lax.div(s, jnp.int32(per_head))
-            return share * group + g, pl.ds((last - (s - g * per_head)) * bq, bq)
+            return share * group + g, pl.ds((first + s - g * per_head) * bq, bq)
 
         def rows_of(ref):
             def source(s):
@@ -479,26 +333,6 @@ def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int, dq_sp
         sources += tuple(ids_of(ref) for ref in ids[:1])
         tiles = (q_smem, do_smem, lse_smem, delta_smem, *segment_smem[1:])
         _ring.produce(group * per_head, stages, [_ring.Stream(*s) for s in zip(sources, tiles, ready, free)])
-
-
-def _dq_order(spec: MaskSpec, bounds, n_kv: int, n_q: int, block_q: int, keys: int):
-    """For the dK/dV kernel's adds to dQ: ``ranks [1|batch, n_kv, n_q]``, how many key
-    tiles before ``j`` visit query tile ``i`` (`MaskSpec.q_spans`, as the kernel's loop,
-    within the transposed ``bounds`` of `MaskSpec.tile_bounds`, or None), and
-    ``visited [1|batch, n_q]``, whether any does (dQ of the others is 0)."""
-    rows = jnp.arange(n_q, dtype=jnp.int32)
-
-    def visits(j, tile_bounds):
-        spans = spec.q_spans(j, block_q, keys, None if tile_bounds is None else tuple(tile_bounds))
-        return (spans[0].start <= rows) & (rows < spans[-1].stop)
-
-    tiles = jnp.arange(n_kv, dtype=jnp.int32)
-    if bounds is None:
-        seen = jax.vmap(lambda j: visits(j, None))(tiles)[None]
-    else:
-        seen = jax.vmap(jax.vmap(visits))(jnp.broadcast_to(tiles, bounds.shape[:1] + tiles.shape), bounds[:, 0])
-    seen = seen.astype(jnp.int32)
-    return jnp.cumsum(seen, axis=1) - seen, jnp.any(seen > 0, axis=1)
 
 
 def backward_temporaries(shape: Shape, tuning: BackwardTuning) -> int:
@@ -546,33 +380,20 @@ def backward_pass(inputs: Inputs, out, lse, dout, dlse, config: Config, tuning: 
     def own_tiles(rows):  # each consumer's tiles of its rows: 2 dims (or heads), 2 stats
         return (smem(dtype, CONSUMERS, rows, head_dim), smem(dtype, CONSUMERS, rows, head_dim_v))
 
-    n_kv, n_q = kv_len // (CONSUMERS * bk), q_len // bq
-    splits = dims.head_shares(n_kv, _MIN_PROGRAMS)
+    splits = dims.head_shares(kv_len // (CONSUMERS * bk), _MIN_PROGRAMS)
     shares = dims.num_kv_heads * splits
-    dq_split = tuning.dq_split(head_dim, head_dim_v, dtype)
     own = own_tiles(bk)
-    if dq_split is not None:  # and the tiles the consumers exchange dS and add to dQ through
-        exchanged = (smem(dtype, 2, CONSUMERS, bk, bq), smem(jnp.float32, CONSUMERS, dq_split.rows, dq_split.cols))
-        own = (own, exchanged)
     if splits > 1:  # float32 parts of dK, dV, summed below in a fixed order (deterministic)
         own = plgpu.RefUnion(
             own, (smem(jnp.float32, CONSUMERS, bk, head_dim), smem(jnp.float32, CONSUMERS, bk, head_dim_v))
         )
     part = jnp.float32 if splits > 1 else dtype
-    runtime = _ring.runtime_operands(inputs, config.mask, q_len, kv_len, bq, CONSUMERS * bk, True)
-    out_type = tuple(jax.ShapeDtypeStruct((dims.batch, kv_len, shares, x.shape[-1]), part) for x in (k, v))
-    if dq_split is not None:
-        ids = dict(q_segment_ids=inputs.q_segment_ids, kv_segment_ids=inputs.kv_segment_ids)
-        bounds = config.mask.tile_bounds(bq, CONSUMERS * bk, transposed=True, lengths=inputs.lengths, **ids)
-        ranks, visited = _dq_order(config.mask, bounds, n_kv, n_q, bq, CONSUMERS * bk)
-        runtime = (*runtime, ranks)
-        out_type += (jax.ShapeDtypeStruct((dims.batch, q_len, dims.num_heads, head_dim), jnp.float32),)
-    dk, dv, *dq = _ring.launch(
-        functools.partial(_dkdv_kernel, splits=splits, dq_split=dq_split, **statics),
-        (*operands, *runtime),
-        out_type,
-        (shares, dims.batch, n_kv),
-        ("shares", "batch", "kv_tiles"),
+    dk, dv = _ring.launch(
+        functools.partial(_dkdv_kernel, splits=splits, **statics),
+        (*operands, *_ring.runtime_operands(inputs, config.mask, q_len, kv_len, bq, CONSUMERS * bk, True)),
+        tuple(jax.ShapeDtypeStruct((dims.batch, kv_len, shares, x.shape[-1]), part) for x in (k, v)),
+        (kv_len // (CONSUMERS * bk), dims.batch, shares),
+        ("kv_tiles", "batch", "shares"),
         CONSUMERS,
         (
             (
@@ -586,7 +407,6 @@ def backward_pass(inputs: Inputs, out, lse, dout, dlse, config: Config, tuning: 
             (
                 plgpu.Barrier(num_barriers=(3 if segments else 2) * CONSUMERS),
                 plgpu.Barrier(num_arrivals=CONSUMERS) if splits > 1 else None,
-                plgpu.Barrier(num_arrivals=CONSUMERS, num_barriers=2) if dq_split is not None else None,
                 *_ring.ring_barriers(stages, 5 if segments else 4, CONSUMERS),
             ),
         ),
@@ -596,32 +416,28 @@ def backward_pass(inputs: Inputs, out, lse, dout, dlse, config: Config, tuning: 
             jnp.sum(x.reshape(*x.shape[:2], dims.num_kv_heads, splits, x.shape[-1]), axis=3).astype(dtype)
             for x in (dk, dv)
         )
-    if dq_split is not None:
-        rows = jnp.repeat(visited, bq, axis=1)[:, :, None, None]
-        dq = jnp.where(rows, dq[0], 0.0).astype(dtype)
-    else:
-        (dq,) = _ring.launch(
-            functools.partial(_dq_kernel, **statics),
-            (*operands, *_ring.runtime_operands(inputs, config.mask, q_len, kv_len, CONSUMERS * bq, bk)),
-            (jax.ShapeDtypeStruct(q.shape, dtype),),
-            (dims.num_heads, q_len // (CONSUMERS * bq), dims.batch),
-            ("heads", "q_tiles", "batch"),
-            CONSUMERS,
+    (dq,) = _ring.launch(
+        functools.partial(_dq_kernel, **statics),
+        (*operands, *_ring.runtime_operands(inputs, config.mask, q_len, kv_len, CONSUMERS * bq, bk)),
+        (jax.ShapeDtypeStruct(q.shape, dtype),),
+        (dims.num_heads, q_len // (CONSUMERS * bq), dims.batch),
+        ("heads", "q_tiles", "batch"),
+        CONSUMERS,
+        (
             (
-                (
-                    *own_tiles(bq),
-                    plgpu.SMEM((CONSUMERS, bq), jnp.float32),
-                    plgpu.SMEM((CONSUMERS, bq), jnp.float32),
-                    smem(dtype, stages, bk, head_dim),
-                    smem(dtype, stages, bk, head_dim_v),
-                    id_tiles(bq, bk),
-                ),
-                (
-                    plgpu.Barrier(num_barriers=(5 if segments else 4) * CONSUMERS),
-                    *_ring.ring_barriers(stages, 3 if segments else 2, CONSUMERS),
-                ),
+                *own_tiles(bq),
+                plgpu.SMEM((CONSUMERS, bq), jnp.float32),
+                plgpu.SMEM((CONSUMERS, bq), jnp.float32),
+                smem(dtype, stages, bk, head_dim),
+                smem(dtype, stages, bk, head_dim_v),
+                id_tiles(bq, bk),
             ),
-        )
+            (
+                plgpu.Barrier(num_barriers=(5 if segments else 4) * CONSUMERS),
+                *_ring.ring_barriers(stages, 3 if segments else 2, CONSUMERS),
+            ),
+        ),
+    )
     crop = (slice(None), slice(None, dims.q_len), slice(None))
     keys = (slice(None), slice(None, dims.kv_len), slice(None))
     return (
