@@ -62,14 +62,17 @@ BACKWARD = {
     ],
 }
 # mosaic_v3, head_dim -> forward candidates (block_q, block_k, num_stages), and backward
-# candidates (block_q, block_k, num_stages) with the forward at its default.
+# candidates (block_q, block_k, num_stages, dq_block_k) with the forward at its default;
+# each fits (`BackwardTuning.fits`: one that did not would time the Triton backward).
 MOSAIC_FORWARD = {
     64: [(64, 256, 2), (64, 128, 2), (64, 128, 3), (64, 128, 4)],
     128: [(64, 128, 2), (64, 128, 3), (64, 64, 3), (64, 64, 4)],
     256: [(64, 64, 2), (64, 64, 3)],
 }
-# (At head dim 128 only (64, 64, 2) fits: `BackwardTuning.fits`.)
-MOSAIC_BACKWARD = {64: [(64, 64, 2), (64, 64, 3), (64, 64, 4), (128, 64, 2), (64, 128, 2)]}
+MOSAIC_BACKWARD = {
+    64: [(128, 64, 2, None), (128, 64, 3, None), (64, 64, 2, 128), (64, 64, 3, 128)],
+    128: [(64, 64, 2, None), (64, 64, 2, 128)],
+}
 
 
 def _candidates(impl: str, dim: int, spec: MaskSpec, modes) -> list[tuple[bool, object, list]]:

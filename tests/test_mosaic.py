@@ -12,12 +12,16 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+import jaxtile
+from bench import tune
 from jaxtile import registry
 from jaxtile._core import Config, Inputs, Shape
 from jaxtile._softmax import Logits
 from jaxtile.mask import MaskSpec
 from jaxtile.mosaic import _ring, v3
 from jaxtile.mosaic import backward as mosaic_backward
+from parity.case import Case
+from parity.run import run_case
 
 # (q [batch, q_len, heads, dim], kv_len, kv_heads, head_dim_v, causal, window, soft_cap, dtype)
 CALLS = {
@@ -85,19 +89,21 @@ def test_the_forward_kernel_lowers_with_runtime_masks(name, runtime):
     )
 
 
+@pytest.mark.parametrize("dq_block_k", [None, 128])
 @pytest.mark.parametrize("runtime", ["", *RUNTIME])
 @pytest.mark.parametrize("name", [name for name in CALLS if CALLS[name][0][-1] <= 128])
-def test_the_backward_kernels_lower_for_cuda(name, runtime):
+def test_the_backward_kernels_lower_for_cuda(name, runtime, dq_block_k):
     """The dK/dV and dQ kernels of every call whose head dims are at most 128, with and
-    without runtime masks, traced and lowered to Mosaic GPU, with gradients of the
-    inputs' shapes and dtypes."""
+    without runtime masks, and with the dQ kernel's key tiles as dK/dV's or twice them,
+    traced and lowered to Mosaic GPU, with gradients of the inputs' shapes and dtypes."""
     inputs, config = _call(*CALLS[name], runtime=runtime)
+    tuning = mosaic_backward.BackwardTuning(dq_block_k=dq_block_k)
     batch, q_len, heads, _ = inputs.q.shape
     out = jax.ShapeDtypeStruct((batch, q_len, heads, inputs.v.shape[-1]), inputs.q.dtype)
     lse = jax.ShapeDtypeStruct((batch, heads, q_len), jnp.float32)
 
     def backward(out, lse, dout, dlse, inputs):
-        return mosaic_backward.backward_pass(inputs, out, lse, dout, dlse, config, mosaic_backward.BackwardTuning())
+        return mosaic_backward.backward_pass(inputs, out, lse, dout, dlse, config, tuning)
 
     lowered = jax.jit(backward).trace(out, lse, out, lse, inputs)
     text = lowered.lower(lowering_platforms=("cuda",)).as_text()
@@ -117,11 +123,29 @@ def test_the_backward_takes_the_triton_kernels_where_its_tiles_do_not_fit(monkey
         inputs, config = _call(*CALLS[name], tuning=tuning)
         v3._backward(inputs, None, None, None, None, config)
     assert calls == ["mosaic", ("triton", None), ("triton", "autotune")]
-    assert mosaic_backward.BackwardTuning().fits(128, 128, 2)
-    assert not mosaic_backward.BackwardTuning().fits(256, 256, 2)
-    assert not mosaic_backward.BackwardTuning(block_k=128).fits(128, 128, 2)
+
+
+def test_backward_tiles_fit_as_measured():
+    """`BackwardTuning.fits` admits the tiles that ran at full speed and refuses those
+    that spilled registers on the GPU (`backward._REGISTERS`) or overflow shared memory;
+    ``dq_block_k`` sets the dQ kernel's key tiles alone, and the sequences pad to whole
+    tiles of both kernels."""
+    tuning = mosaic_backward.BackwardTuning
+    assert tuning().fits(128, 128, 2) and tuning(block_q=128).fits(64, 64, 2)
+    assert tuning(dq_block_k=128).fits(128, 128, 2) and tuning(dq_block_k=128).fits(64, 64, 2)
+    assert not tuning().fits(256, 256, 2)  # dK_j and dV_j alone take 256 registers
+    assert not tuning(block_k=128).fits(128, 128, 2)  # spilled: 25-40% slower
+    assert not tuning(block_q=128).fits(128, 128, 2)  # spilled
+    assert not tuning(block_k=128).fits(64, 64, 2)  # spilled: 268 against 389 TFLOP/s
+    assert not tuning(block_q=128, dq_block_k=128).fits(64, 64, 2)  # dQ's S and dP: 256
+    assert not tuning(num_stages=3, dq_block_k=128).fits(128, 128, 2)  # shared memory
+    assert tuning().dq_keys == 64 and tuning(dq_block_k=128).dq_keys == 128
+    assert tuning(dq_block_k=128).padded_lengths(100, 130) == (128, 256)
+    assert tuning(block_q=128, dq_block_k=64).padded_lengths(300, 129) == (512, 256)
     with pytest.raises(ValueError, match=r"block_k=96 must be a positive multiple of 64"):
-        mosaic_backward.BackwardTuning(block_k=96)
+        tuning(block_k=96)
+    with pytest.raises(ValueError, match=r"dq_block_k=32 must be a positive multiple of 64"):
+        tuning(dq_block_k=32)
 
 
 def test_the_dkdv_kernel_shares_a_kv_heads_query_heads_when_programs_are_few():
@@ -188,3 +212,66 @@ def test_tiles_are_multiples_of_wgmma_s_rows():
     assert v3.Tuning(256, 256, 4).fit(256, 256, 2) == v3.Tuning(64, 64, 2)
     assert v3._tuning(None, 128, 256, 256, 256, 2) == v3.Tuning(block_q=64, block_k=64)
     assert v3._tuning(v3.Tuning(num_stages=3), None, None, 64, 64, 2) == v3.Tuning(num_stages=3)
+
+
+def test_every_swept_backward_candidate_fits():
+    """``bench.tune --impl mosaic_v3`` times only backward tiles the Mosaic kernels take
+    (one that did not fit would time the Triton backward under its name)."""
+    for head_dim, candidates in tune.MOSAIC_BACKWARD.items():
+        for candidate in candidates:
+            assert mosaic_backward.BackwardTuning(*candidate).fits(head_dim, head_dim, 2), (head_dim, candidate)
+
+
+# Backward calls whose tiles are partly masked in every way the kernels handle: a causal
+# GQA group over lengths that are no tile multiple; packed documents in sequences of
+# their own lengths (float16's scaled dS); a two-sided window, MQA and padded head dims.
+BACKWARD_CASES = [
+    Case("gqa_causal_300", q_len=300, num_heads=8, num_kv_heads=2, head_dim=128, dtype="bfloat16", causal=True),
+    Case(
+        "segments_lengths_d64",
+        batch=(3,),
+        q_len=200,
+        head_dim=64,
+        dtype="float16",
+        causal=True,
+        segments=3,
+        lengths="ragged",
+    ),
+    Case(
+        "window_mqa_d80_v48",
+        q_len=260,
+        kv_len=330,
+        num_kv_heads=1,
+        head_dim=80,
+        head_dim_v=48,
+        dtype="bfloat16",
+        window=(40, 10),
+    ),
+]
+
+
+def _fitting(candidates, cases):
+    """The (case, candidate) pairs whose tiles the Mosaic backward takes at the case's
+    padded head dims (others would run the Triton backward)."""
+    tunings = sorted({c for cs in candidates for c in cs}, key=str)
+    return [
+        pytest.param(case, c, id=f"{case.name}-{c}")
+        for case in cases
+        for c in tunings
+        if mosaic_backward.BackwardTuning(*c).fits(_ring.padded(case.head_dim, 64), _ring.padded(case.dim_v, 64), 2)
+    ]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case, candidate", _fitting(tune.MOSAIC_BACKWARD.values(), BACKWARD_CASES))
+def test_swept_backward_tiles_are_exact_on_the_gpu(case, candidate):
+    """Every backward tiling the sweep may pick, on the cases where it applies, against
+    the float64 reference (outputs and the three gradients), before it can become a
+    default."""
+    tuning = v3.Tuning(backward=mosaic_backward.BackwardTuning(*candidate))
+
+    def mosaic_v3_tuned(q, k, v, **options):
+        return jaxtile.flash_attention(q, k, v, implementation="mosaic_v3", tuning=tuning, **options)
+
+    result = run_case(case, mosaic_v3_tuned)
+    assert result.ok, result.describe()

@@ -94,6 +94,33 @@ def load_stat(ref, axis: int):
     return plgpu.load(ref, layout=layout)
 
 
+def rows_of(ref, b, rows, h):
+    """The tile of ``rows`` (a `pl.ds`) of batch element ``b`` and head ``h`` in ``ref``:
+    an operand ``[batch, len, heads, dim]``, a row statistic ``[batch, heads, len]`` or
+    segment ids ``[batch, len]`` (which have no head)."""
+    return ref.at[{4: (b, rows, h), 3: (b, h, rows), 2: (b, rows)}[ref.ndim]]
+
+
+def load_own(sources, tiles, ready, wg):
+    """Consumer ``wg``'s copies of its own tiles: ``sources[n]`` into ``tiles[n].at[wg]``,
+    each under its own barrier ``ready[n].at[wg]`` (one barrier per tile, so the launch
+    allocates as many as it declares tiles); returns once all have landed."""
+    for source, tile, barrier in zip(sources, tiles, ready, strict=True):
+        plgpu.copy_gmem_to_smem(source, tile.at[wg], barrier.at[wg])
+    for barrier in ready:
+        plgpu.barrier_wait(barrier.at[wg])
+
+
+def segment_tiles(spec: MaskSpec, *shape: int):
+    """A ``[*shape]`` int32 tile of segment ids where the call has them: ``(tile,)`` or ()."""
+    return (plgpu.SMEM(shape, jnp.int32),) if spec.has_segments else ()
+
+
+def own_barriers(tiles):
+    """A ready barrier per consumer for each of ``tiles`` (`load_own`)."""
+    return tuple(plgpu.Barrier(num_barriers=CONSUMERS) for _ in tiles)
+
+
 class Stream(NamedTuple):
     """One operand of the ring: ``source(s)`` is the gmem ref view of step ``s``'s tile,
     copied into ``tiles.at[slot]``; ``ready`` and ``free`` hold a barrier per slot."""
@@ -211,7 +238,7 @@ class KeyRing(NamedTuple):
     """The ring of a kernel whose consumers visit key tiles (the forward and dQ): the
     streams of K, V and, when the call has segment ids, the keys' ids ``[batch,
     kv_len]``; ``refs`` in global memory, ``tiles`` their slots in shared memory,
-    ``ready`` and ``free`` their barriers."""
+    ``ready`` and ``free`` their barriers (`ring_barriers`)."""
 
     refs: tuple
     tiles: tuple
@@ -225,22 +252,59 @@ class KeyRing(NamedTuple):
         b, h_kv = lax.axis_index("batch"), lax.div(lax.axis_index("heads"), jnp.int32(group))
 
         def source(ref):
-            heads = (h_kv,) if ref.ndim == 4 else ()
-            return lambda s: ref.at[(b, pl.ds((first + s) * block_k, block_k), *heads)]
+            return lambda s: rows_of(ref, b, pl.ds((first + s) * block_k, block_k), h_kv)
 
         produce(steps, num_stages, [Stream(source(ref), *ring) for ref, *ring in zip(*self)])
 
     def step_ids(self, slot, masked: bool):
         """`step_ids` of the keys' stream (None without segment ids)."""
-        if len(self.refs) == 2:
-            return None
-        return step_ids((self.tiles[2], self.ready[2], self.free[2]), slot, masked, 1)
+        return _last_ids(self, 2, slot, masked)
 
 
-def ring_barriers(num_stages: int, num_streams: int, consumers: int):
-    """The ready barriers and the free barriers of `num_streams` streams."""
-    ready = tuple(plgpu.Barrier(num_barriers=num_stages) for _ in range(num_streams))
-    free = tuple(plgpu.Barrier(num_arrivals=consumers, num_barriers=num_stages) for _ in range(num_streams))
+class QueryRing(NamedTuple):
+    """The ring of the dK/dV kernel, whose consumers visit query tiles: the streams of Q
+    and dO ``[batch, q_len, heads, dim]``, the base-2 lse and D ``[batch, heads,
+    q_len]`` and, when the call has segment ids, the queries' ids ``[batch, q_len]``;
+    as `KeyRing`."""
+
+    refs: tuple
+    tiles: tuple
+    ready: tuple
+    free: tuple
+
+    def produce(self, *, first, per_head, head0, heads: int, block_q: int, num_stages: int):
+        """The producer warpgroup: query tiles ``first`` to ``first + per_head - 1`` of
+        each of the ``heads`` query heads from ``head0``, in this program's batch element."""
+        plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
+        b = lax.axis_index("batch")
+
+        def source(ref):
+            def tile(s):
+                g = lax.div(jnp.asarray(s, jnp.int32), per_head)
+                return rows_of(ref, b, pl.ds((first + s - g * per_head) * block_q, block_q), head0 + g)
+
+            return tile
+
+        produce(heads * per_head, num_stages, [Stream(source(ref), *ring) for ref, *ring in zip(*self)])
+
+    def step_ids(self, slot, masked: bool):
+        """`step_ids` of the queries' stream (None without segment ids)."""
+        return _last_ids(self, 4, slot, masked)
+
+
+def _last_ids(ring, operands: int, slot, masked: bool):
+    """`step_ids` of a ring whose stream after its ``operands`` is the segment ids, laid
+    along the columns (None where the ring has no such stream)."""
+    if len(ring.refs) == operands:
+        return None
+    return step_ids((ring.tiles[operands], ring.ready[operands], ring.free[operands]), slot, masked, 1)
+
+
+def ring_barriers(tiles):
+    """The ready barriers and the free barriers (one arrival per consumer) of a ring's
+    streams, ``tiles`` being their ``[num_stages, ...]`` slots."""
+    ready = tuple(plgpu.Barrier(num_barriers=t.shape[0]) for t in tiles)
+    free = tuple(plgpu.Barrier(num_arrivals=CONSUMERS, num_barriers=t.shape[0]) for t in tiles)
     return ready, free
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -33,9 +34,11 @@ from jaxtile.mask import MaskSpec
 from jaxtile.mosaic import _ring
 from jaxtile.mosaic._ring import CONSUMERS, SHARED_MEMORY, WGMMA_ROWS, along, pad_to, padded, smem
 
-# A consumer's float32 accumulators, in registers per thread (of 128 per warpgroup):
-# dK_j and dV_j of 64 keys at head dim 128 take this many, and leave the scores room.
-_ACCUMULATOR_REGISTERS = 128
+# A consumer's float32 accumulators (dK_j and dV_j; dQ_i) and its two score tiles (S and
+# dP, or their transposes), in registers per thread of 128: tiles past this spilled and
+# lost 24-40% (128-row query tiles in dK/dV at head dim 128, 128-key tiles at head dim
+# 64; `default_backward_tuning`'s measurements), while 192 ran at full speed.
+_REGISTERS = 192
 # The dK/dV kernel splits a kv head's query heads over programs below this many programs
 # (four per SM of an H100: one runs per SM at a time, and causal masks make them uneven).
 _MIN_PROGRAMS = 528
@@ -46,21 +49,34 @@ class BackwardTuning:
     """Launch parameters of the backward kernels.
 
     block_q: query rows per consumer in the dQ kernel, and per ring tile in dK/dV.
-    block_k: keys per ring tile in the dQ kernel, and per consumer in dK/dV.
+    block_k: keys per consumer in dK/dV, and per ring tile in dQ unless ``dq_block_k``.
     num_stages: slots of each kernel's ring.
+    dq_block_k: keys per ring tile in the dQ kernel (None: ``block_k``).
     """
 
     block_q: int = 64
     block_k: int = 64
     num_stages: int = 2
+    dq_block_k: int | None = None
 
     def __post_init__(self):
-        for name in ("block_q", "block_k"):
+        for name in ("block_q", "block_k", "dq_block_k"):
             block = getattr(self, name)
+            if block is None and name == "dq_block_k":
+                continue
             if not isinstance(block, int) or block <= 0 or block % WGMMA_ROWS:
                 raise ValueError(f"{name}={block!r} must be a positive multiple of {WGMMA_ROWS}")
         if not isinstance(self.num_stages, int) or self.num_stages < 2:
             raise ValueError(f"num_stages={self.num_stages!r} must be an int >= 2")
+
+    @property
+    def dq_keys(self) -> int:
+        """Keys per ring tile of the dQ kernel."""
+        return self.dq_block_k or self.block_k
+
+    def padded_lengths(self, q_len: int, kv_len: int) -> tuple[int, int]:
+        """The sequence lengths padded to whole tiles of both kernels."""
+        return padded(q_len, CONSUMERS * self.block_q), padded(kv_len, math.lcm(CONSUMERS * self.block_k, self.dq_keys))
 
     def shared_memory(self, head_dim: int, head_dim_v: int, itemsize: int) -> int:
         """Bytes of the larger kernel's tiles: its consumers' own rows (in dK/dV, or the
@@ -69,15 +85,21 @@ class BackwardTuning:
         stats = 3 * 4  # L_i, D_i and a segment id per query row
         own_keys = CONSUMERS * self.block_k * ((head_dim + head_dim_v) * max(itemsize, 4) + 4)
         dkdv = own_keys + self.num_stages * self.block_q * (width + stats)
-        dq = CONSUMERS * self.block_q * (width + stats) + self.num_stages * self.block_k * (width + 4)
+        dq = CONSUMERS * self.block_q * (width + stats) + self.num_stages * self.dq_keys * (width + 4)
         return max(dkdv, dq)
 
+    def registers(self, head_dim: int, head_dim_v: int) -> int:
+        """Registers per consumer thread of the larger kernel's accumulators and score
+        tiles (`_REGISTERS`)."""
+        dkdv = self.block_k * (head_dim + head_dim_v + 2 * self.block_q)
+        dq = self.block_q * (head_dim + 2 * self.dq_keys)
+        return max(dkdv, dq) // 128
+
     def fits(self, head_dim: int, head_dim_v: int, itemsize: int) -> bool:
-        """Whether both kernels' tiles fit in shared memory and their accumulators
-        (``dK_j``, ``dV_j``; ``dQ_i``) in `_ACCUMULATOR_REGISTERS`."""
-        accumulators = max(self.block_k * (head_dim + head_dim_v), self.block_q * head_dim) // 128
+        """Whether both kernels' tiles fit in shared memory and their accumulators and
+        scores in `_REGISTERS`."""
         return (
-            accumulators <= _ACCUMULATOR_REGISTERS
+            self.registers(head_dim, head_dim_v) <= _REGISTERS
             and self.shared_memory(head_dim, head_dim_v, itemsize) <= SHARED_MEMORY
         )
 
@@ -144,32 +166,24 @@ def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning):
     has (`_ring.runtime_operands`), dq and the shared memory."""
     q_ref, k_ref, v_ref, do_ref, lse2_ref, delta_ref, *runtime, dq_ref, scoped = refs
     ids, lengths_ref, bounds_ref = _ring.runtime_refs(spec, runtime)
-    (q_smem, do_smem, lse_smem, delta_smem, k_smem, v_smem, segment_smem), (own_ready, ready, free) = scoped
-    bq, bk, stages = tuning.block_q, tuning.block_k, tuning.num_stages
+    (own, ring), (own_ready, ready, free) = scoped
+    (k_smem, v_smem, *_), (k_ready, v_ready, *_), (k_free, v_free, *_) = ring, ready, free
+    keys = _ring.KeyRing((k_ref, v_ref, *ids[1:]), ring, ready, free)
+    bq, bk, stages = tuning.block_q, tuning.dq_keys, tuning.num_stages
     rows = CONSUMERS * bq
     h, b, wg = lax.axis_index("heads"), lax.axis_index("batch"), lax.axis_index("wg")
     t, spans, first, steps = _ring.key_spans(spec, dims.q_len, rows, bk, bounds_ref)
-    (k_ready, v_ready, *_), (k_free, v_free, *_) = ready, free
-    keys = _ring.KeyRing((k_ref, v_ref, *ids[1:]), (k_smem, v_smem, *segment_smem[1:]), ready, free)
 
     @pl.when(wg < CONSUMERS)
     def _consumer():
         plgpu.set_max_registers(_ring.CONSUMER_REGISTERS, action="increase")
         row0 = t * rows + wg * bq
-        own = (
-            (q_ref.at[b, pl.ds(row0, bq), h], q_smem.at[wg]),
-            (do_ref.at[b, pl.ds(row0, bq), h], do_smem.at[wg]),
-            (lse2_ref.at[b, h, pl.ds(row0, bq)], lse_smem.at[wg]),
-            (delta_ref.at[b, h, pl.ds(row0, bq)], delta_smem.at[wg]),
-            *([(ids[0].at[b, pl.ds(row0, bq)], segment_smem[0].at[wg])] if spec.has_segments else []),
-        )
-        for n, (src, dst) in enumerate(own):
-            plgpu.copy_gmem_to_smem(src, dst, own_ready.at[wg * len(own) + n])
-        for n in range(len(own)):
-            plgpu.barrier_wait(own_ready.at[wg * len(own) + n])
-        q_i, do_i = q_smem.at[wg], do_smem.at[wg]
-        lse2, delta = _ring.load_stat(lse_smem.at[wg], 0), _ring.load_stat(delta_smem.at[wg], 0)
-        q_segment = _ring.load_stat(segment_smem[0].at[wg], 0) if spec.has_segments else None
+        # Q_i, dO_i, L_i, D_i (and the rows' segment ids), loaded once.
+        sources = (q_ref, do_ref, lse2_ref, delta_ref, *ids[:1])
+        _ring.load_own([_ring.rows_of(ref, b, pl.ds(row0, bq), h) for ref in sources], own, own_ready, wg)
+        q_i, do_i = own[0].at[wg], own[1].at[wg]
+        lse2, delta = _ring.load_stat(own[2].at[wg], 0), _ring.load_stat(own[3].at[wg], 0)
+        q_segment = _ring.load_stat(own[4].at[wg], 0) if spec.has_segments else None
         lengths = _ring.read_lengths(lengths_ref)
 
         def step(masked: bool, j, dq_i):
@@ -216,8 +230,11 @@ def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int):
     the queries' segment ids ride the ring), dk, dv and the shared memory."""
     q_ref, k_ref, v_ref, do_ref, lse2_ref, delta_ref, *runtime, dk_ref, dv_ref, scoped = refs
     ids, lengths_ref, bounds_ref = _ring.runtime_refs(spec, runtime)
-    (own, q_smem, do_smem, lse_smem, delta_smem, segment_smem), (own_ready, consumed, ready, free) = scoped
+    (own, own_ids, ring), (own_ready, consumed, ready, free) = scoped
     (k_smem, v_smem), (dk_smem, dv_smem) = own if splits > 1 else (own, own)
+    (q_smem, do_smem, lse_smem, delta_smem, *_) = ring
+    (q_ready, do_ready, lse_ready, delta_ready, *_), (q_free, do_free, lse_free, delta_free, *_) = ready, free
+    queries = _ring.QueryRing((q_ref, do_ref, lse2_ref, delta_ref, *ids[:1]), ring, ready, free)
     bq, bk, stages = tuning.block_q, tuning.block_k, tuning.num_stages
     keys = CONSUMERS * bk
     share, b, wg = lax.axis_index("shares"), lax.axis_index("batch"), lax.axis_index("wg")
@@ -226,26 +243,16 @@ def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int):
     spans = spec.q_spans(j, bq, keys, _ring.tile_bounds(bounds_ref, j))
     first, per_head = spans[0].start, spans[-1].stop - spans[0].start
     group = dims.group // splits
-    (q_ready, do_ready, lse_ready, delta_ready, *segment_ready) = ready
-    (q_free, do_free, lse_free, delta_free, *segment_free) = free
-    query_ids = (segment_smem[1], *segment_ready, *segment_free) if spec.has_segments else None
 
     @pl.when(wg < CONSUMERS)
     def _consumer():
         plgpu.set_max_registers(_ring.CONSUMER_REGISTERS, action="increase")
         key0 = j * keys + wg * bk
+        # Lines 6-7: load K_j, V_j (and the keys' segment ids); dK_j = dV_j = 0.
+        sources = [_ring.rows_of(ref, b, pl.ds(key0, bk), h_kv) for ref in (k_ref, v_ref, *ids[1:])]
+        _ring.load_own(sources, (k_smem, v_smem, *own_ids), own_ready, wg)
         k_j, v_j = k_smem.at[wg], v_smem.at[wg]
-        # Lines 6-7: load K_j, V_j; dK_j = dV_j = 0.
-        plgpu.copy_gmem_to_smem(k_ref.at[b, pl.ds(key0, bk), h_kv], k_j, own_ready.at[2 * wg])
-        plgpu.copy_gmem_to_smem(v_ref.at[b, pl.ds(key0, bk), h_kv], v_j, own_ready.at[2 * wg + 1])
-        kv_segment = None
-        if spec.has_segments:  # and the keys' segment ids
-            kv_ids = segment_smem[0].at[wg]
-            plgpu.copy_gmem_to_smem(ids[1].at[b, pl.ds(key0, bk)], kv_ids, own_ready.at[2 * CONSUMERS + wg])
-            plgpu.barrier_wait(own_ready.at[2 * CONSUMERS + wg])
-            kv_segment = _ring.load_stat(kv_ids, 0)
-        plgpu.barrier_wait(own_ready.at[2 * wg])
-        plgpu.barrier_wait(own_ready.at[2 * wg + 1])
+        kv_segment = _ring.load_stat(own_ids[0].at[wg], 0) if spec.has_segments else None
         lengths = _ring.read_lengths(lengths_ref)
 
         def step(g, masked: bool, i, carry):
@@ -262,7 +269,7 @@ def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int):
             plgpu.barrier_arrive(lse_free.at[slot])
             p_t = jnp.exp2(pre_t * logits.factor - along(lse2, pre_t.shape, 1))
             visible = None
-            q_segment = _ring.step_ids(query_ids, slot, masked, 1) if spec.has_segments else None
+            q_segment = queries.step_ids(slot, masked)  # the queries' ids ride the ring
             if masked:
                 runtime = dict(lengths=lengths, own_ids=kv_segment, step_ids=q_segment)
                 visible = _ring.visible(spec, (key0, i * bq), pre_t.shape, 1, **runtime)
@@ -302,37 +309,9 @@ def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int):
 
     @pl.when(wg == CONSUMERS)
     def _producer():
-        plgpu.set_max_registers(_ring.PRODUCER_REGISTERS, action="decrease")
-
-        def head_and_rows(s):
-            s = jnp.asarray(s, jnp.int32)
-            g = lax.div(s, jnp.int32(per_head))
-            return share * group + g, pl.ds((first + s - g * per_head) * bq, bq)
-
-        def rows_of(ref):
-            def source(s):
-                h, rows = head_and_rows(s)
-                return ref.at[b, rows, h]
-
-            return source
-
-        def stat_of(ref):
-            def source(s):
-                h, rows = head_and_rows(s)
-                return ref.at[b, h, rows]
-
-            return source
-
-        def ids_of(ref):
-            def source(s):
-                return ref.at[b, head_and_rows(s)[1]]
-
-            return source
-
-        sources = (rows_of(q_ref), rows_of(do_ref), stat_of(lse2_ref), stat_of(delta_ref))
-        sources += tuple(ids_of(ref) for ref in ids[:1])
-        tiles = (q_smem, do_smem, lse_smem, delta_smem, *segment_smem[1:])
-        _ring.produce(group * per_head, stages, [_ring.Stream(*s) for s in zip(sources, tiles, ready, free)])
+        queries.produce(
+            first=first, per_head=jnp.int32(per_head), head0=share * group, heads=group, block_q=bq, num_stages=stages
+        )
 
 
 def backward_temporaries(shape: Shape, tuning: BackwardTuning) -> int:
@@ -341,8 +320,7 @@ def backward_temporaries(shape: Shape, tuning: BackwardTuning) -> int:
     sequences or head dims are not multiples of the tiles, and with shares of the query
     heads (`Shape.head_shares`) the float32 parts of dK and dV."""
     head_dim, head_dim_v = padded(shape.head_dim, WGMMA_ROWS), padded(shape.head_dim_v, WGMMA_ROWS)
-    q_len = padded(shape.q_len, CONSUMERS * tuning.block_q)
-    kv_len = padded(shape.kv_len, CONSUMERS * tuning.block_k)
+    q_len, kv_len = tuning.padded_lengths(shape.q_len, shape.kv_len)
     rows = 2 * shape.batch * shape.num_heads * q_len * 4
     copies = _ring.padded_copies(shape, q_len, kv_len, head_dim, head_dim_v)
     big = dataclasses.replace(shape, kv_len=kv_len, head_dim=head_dim, head_dim_v=head_dim_v)
@@ -359,8 +337,7 @@ def backward_pass(inputs: Inputs, out, lse, dout, dlse, config: Config, tuning: 
     dims = Shape.of(inputs.q, inputs.k, inputs.v)
     head_dim, head_dim_v = padded(dims.head_dim, WGMMA_ROWS), padded(dims.head_dim_v, WGMMA_ROWS)
     bq, bk, stages = tuning.block_q, tuning.block_k, tuning.num_stages
-    q_len = padded(dims.q_len, CONSUMERS * bq)
-    kv_len = padded(dims.kv_len, CONSUMERS * bk)
+    q_len, kv_len = tuning.padded_lengths(dims.q_len, dims.kv_len)
     # Line 4: D_i = rowsum(dO_i ∘ O_i), less the lse's cotangent; L_i in base 2.
     delta = jnp.einsum("bthd,bthd->bht", dout.astype(jnp.float32), out.astype(jnp.float32)) - dlse
     lse2 = pad_to(sm.lse_base2(lse), 2, q_len, jnp.inf)
@@ -371,43 +348,38 @@ def backward_pass(inputs: Inputs, out, lse, dout, dlse, config: Config, tuning: 
     v = pad_to(pad_to(inputs.v, 3, head_dim_v), 1, kv_len)
     dims_p = dataclasses.replace(dims, q_len=q_len, kv_len=kv_len, head_dim=head_dim, head_dim_v=head_dim_v)
     statics = dict(spec=config.mask, logits=config.logits, dims=dims_p, tuning=tuning)
-    dtype, operands = q.dtype, (q, k, v, do, lse2, delta)
-    segments = config.mask.has_segments
+    dtype, operands, mask = q.dtype, (q, k, v, do, lse2, delta), config.mask
 
-    def id_tiles(own: int, streamed: int):  # each consumer's ids, and the ring's
-        return (plgpu.SMEM((CONSUMERS, own), jnp.int32), plgpu.SMEM((stages, streamed), jnp.int32)) if segments else ()
-
-    def own_tiles(rows):  # each consumer's tiles of its rows: 2 dims (or heads), 2 stats
+    def own_tiles(rows):  # each consumer's tiles of its rows: 2 dims (or heads)
         return (smem(dtype, CONSUMERS, rows, head_dim), smem(dtype, CONSUMERS, rows, head_dim_v))
 
+    # dK/dV: each consumer's K_j, V_j (and the keys' ids); a ring of Q_i, dO_i, L_i, D_i
+    # (and the queries' ids).
     splits = dims.head_shares(kv_len // (CONSUMERS * bk), _MIN_PROGRAMS)
     shares = dims.num_kv_heads * splits
-    own = own_tiles(bk)
+    own, own_ids = own_tiles(bk), _ring.segment_tiles(mask, CONSUMERS, bk)
+    loaded = (*own, *own_ids)
     if splits > 1:  # float32 parts of dK, dV, summed below in a fixed order (deterministic)
         own = plgpu.RefUnion(
             own, (smem(jnp.float32, CONSUMERS, bk, head_dim), smem(jnp.float32, CONSUMERS, bk, head_dim_v))
         )
+    ring = (smem(dtype, stages, bq, head_dim), smem(dtype, stages, bq, head_dim_v))
+    ring += (plgpu.SMEM((stages, bq), jnp.float32), plgpu.SMEM((stages, bq), jnp.float32))
+    ring += _ring.segment_tiles(mask, stages, bq)
     part = jnp.float32 if splits > 1 else dtype
     dk, dv = _ring.launch(
         functools.partial(_dkdv_kernel, splits=splits, **statics),
-        (*operands, *_ring.runtime_operands(inputs, config.mask, q_len, kv_len, bq, CONSUMERS * bk, True)),
+        (*operands, *_ring.runtime_operands(inputs, mask, q_len, kv_len, bq, CONSUMERS * bk, True)),
         tuple(jax.ShapeDtypeStruct((dims.batch, kv_len, shares, x.shape[-1]), part) for x in (k, v)),
         (kv_len // (CONSUMERS * bk), dims.batch, shares),
         ("kv_tiles", "batch", "shares"),
         CONSUMERS,
         (
+            (own, own_ids, ring),
             (
-                own,
-                smem(dtype, stages, bq, head_dim),
-                smem(dtype, stages, bq, head_dim_v),
-                plgpu.SMEM((stages, bq), jnp.float32),
-                plgpu.SMEM((stages, bq), jnp.float32),
-                id_tiles(bk, bq),
-            ),
-            (
-                plgpu.Barrier(num_barriers=(3 if segments else 2) * CONSUMERS),
+                _ring.own_barriers(loaded),
                 plgpu.Barrier(num_arrivals=CONSUMERS) if splits > 1 else None,
-                *_ring.ring_barriers(stages, 5 if segments else 4, CONSUMERS),
+                *_ring.ring_barriers(ring),
             ),
         ),
     )
@@ -416,27 +388,21 @@ def backward_pass(inputs: Inputs, out, lse, dout, dlse, config: Config, tuning: 
             jnp.sum(x.reshape(*x.shape[:2], dims.num_kv_heads, splits, x.shape[-1]), axis=3).astype(dtype)
             for x in (dk, dv)
         )
+    # dQ: each consumer's Q_i, dO_i, L_i, D_i (and the rows' ids); a ring of K_j, V_j (and
+    # the keys' ids).
+    dq_bk = tuning.dq_keys
+    own = (*own_tiles(bq), plgpu.SMEM((CONSUMERS, bq), jnp.float32), plgpu.SMEM((CONSUMERS, bq), jnp.float32))
+    own += _ring.segment_tiles(mask, CONSUMERS, bq)
+    ring = (smem(dtype, stages, dq_bk, head_dim), smem(dtype, stages, dq_bk, head_dim_v))
+    ring += _ring.segment_tiles(mask, stages, dq_bk)
     (dq,) = _ring.launch(
         functools.partial(_dq_kernel, **statics),
-        (*operands, *_ring.runtime_operands(inputs, config.mask, q_len, kv_len, CONSUMERS * bq, bk)),
+        (*operands, *_ring.runtime_operands(inputs, mask, q_len, kv_len, CONSUMERS * bq, dq_bk)),
         (jax.ShapeDtypeStruct(q.shape, dtype),),
         (dims.num_heads, q_len // (CONSUMERS * bq), dims.batch),
         ("heads", "q_tiles", "batch"),
         CONSUMERS,
-        (
-            (
-                *own_tiles(bq),
-                plgpu.SMEM((CONSUMERS, bq), jnp.float32),
-                plgpu.SMEM((CONSUMERS, bq), jnp.float32),
-                smem(dtype, stages, bk, head_dim),
-                smem(dtype, stages, bk, head_dim_v),
-                id_tiles(bq, bk),
-            ),
-            (
-                plgpu.Barrier(num_barriers=(5 if segments else 4) * CONSUMERS),
-                *_ring.ring_barriers(stages, 3 if segments else 2, CONSUMERS),
-            ),
-        ),
+        ((own, ring), (_ring.own_barriers(own), *_ring.ring_barriers(ring))),
     )
     crop = (slice(None), slice(None, dims.q_len), slice(None))
     keys = (slice(None), slice(None, dims.kv_len), slice(None))

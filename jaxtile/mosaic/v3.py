@@ -131,9 +131,9 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
     mask the call has (`_ring.runtime_operands`), out, lse and the shared memory."""
     q_ref, k_ref, v_ref, *runtime, o_ref, lse_ref, scoped = refs
     ids, lengths_ref, bounds_ref = _ring.runtime_refs(spec, runtime)
-    (q_smem, o_smem, k_smem, v_smem, lse_smem, segment_smem), (q_ready, ready, free), turn = scoped
-    (k_ready, v_ready, *_), (k_free, v_free, *_) = ready, free
-    keys = _ring.KeyRing((k_ref, v_ref, *ids[1:]), (k_smem, v_smem, *segment_smem[1:]), ready, free)
+    (own, ring, o_smem, lse_smem), (own_ready, ready, free), turn = scoped
+    (k_smem, v_smem, *_), (k_ready, v_ready, *_), (k_free, v_free, *_) = ring, ready, free
+    keys = _ring.KeyRing((k_ref, v_ref, *ids[1:]), ring, ready, free)
     bq, bk, stages = tuning.block_q, tuning.block_k, tuning.num_stages
     rows = CONSUMERS * bq
     h, b, wg = lax.axis_index("heads"), lax.axis_index("batch"), lax.axis_index("wg")
@@ -146,17 +146,12 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
     @pl.when(wg < CONSUMERS)
     def _consumer():
         plgpu.set_max_registers(_ring.CONSUMER_REGISTERS, action="increase")
-        q_tile = q_smem.at[wg]
         row0 = t * rows + wg * bq
-        # Line 4 (consumer): load Q_i; O_i = 0, l_i = 0, m_i = -inf.
-        plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(row0, bq), h], q_tile, q_ready.at[wg])
-        q_segment = None
-        if spec.has_segments:  # and the rows' segment ids
-            q_segments = segment_smem[0].at[wg]
-            plgpu.copy_gmem_to_smem(ids[0].at[b, pl.ds(row0, bq)], q_segments, q_ready.at[CONSUMERS + wg])
-            plgpu.barrier_wait(q_ready.at[CONSUMERS + wg])
-            q_segment = _ring.load_stat(q_segments, 0)
-        plgpu.barrier_wait(q_ready.at[wg])
+        # Line 4 (consumer): load Q_i (and the rows' segment ids); O_i = 0, l_i = 0, m_i = -inf.
+        sources = [_ring.rows_of(ref, b, pl.ds(row0, bq), h) for ref in (q_ref, *ids[:1])]
+        _ring.load_own(sources, own, own_ready, wg)
+        q_tile = own[0].at[wg]
+        q_segment = _ring.load_stat(own[1].at[wg], 0) if spec.has_segments else None
         lengths = _ring.read_lengths(lengths_ref)
         row_layout = plgpu.Layout.WGMMA.reduce(1)
         carry = (
@@ -262,7 +257,9 @@ def forward_pass(inputs: Inputs, config: Config):
     kernel = functools.partial(_kernel, spec=config.mask, logits=config.logits, dims=dims_p, tuning=tuning)
     dtype = inputs.q.dtype
     bq, bk, stages = tuning.block_q, tuning.block_k, tuning.num_stages
-    segments = config.mask.has_segments
+    own = (smem(dtype, CONSUMERS, bq, head_dim), *_ring.segment_tiles(config.mask, CONSUMERS, bq))
+    ring = (smem(dtype, stages, bk, head_dim), smem(dtype, stages, bk, head_dim_v))
+    ring += _ring.segment_tiles(config.mask, stages, bk)
     out, lse = _ring.launch(
         kernel,
         (q, k, v, *_ring.runtime_operands(inputs, config.mask, q_len, kv_len, rows, bk)),
@@ -275,17 +272,12 @@ def forward_pass(inputs: Inputs, config: Config):
         CONSUMERS,
         (
             (
-                smem(dtype, CONSUMERS, bq, head_dim),
+                own,
+                ring,
                 None if head_dim == head_dim_v else smem(dtype, CONSUMERS, bq, head_dim_v),
-                smem(dtype, stages, bk, head_dim),
-                smem(dtype, stages, bk, head_dim_v),
                 plgpu.SMEM((CONSUMERS, bq), jnp.float32),
-                (plgpu.SMEM((CONSUMERS, bq), jnp.int32), plgpu.SMEM((stages, bk), jnp.int32)) if segments else (),
             ),
-            (
-                plgpu.Barrier(num_barriers=CONSUMERS * (2 if segments else 1)),
-                *_ring.ring_barriers(stages, 3 if segments else 2, CONSUMERS),
-            ),
+            (_ring.own_barriers(own), *_ring.ring_barriers(ring)),
             plgpu.Barrier(num_arrivals=CONSUMERS),
         ),
     )
