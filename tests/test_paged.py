@@ -289,6 +289,26 @@ def test_decode_in_any_number_of_shares(num_splits):
     _check(case, arrays, out, lse)
 
 
+@pytest.mark.parametrize("page_size", [64, 16, 6])
+def test_decode_reads_tiles_within_a_page_of_whole_pages_and_across_pages(page_size):
+    """pallas_decode's 32-key tiles read pages of 64 keys as slices of one page, pages of
+    16 page by page, and pages of 6 row by row (tiles cross page boundaries anywhere), in
+    two shares, with shared pages, uneven fills and a padded head dim: each the float64
+    reference's output and lse (`jaxtile.triton._kernel.Pages`)."""
+    case = Paged(
+        f"pages_of_{page_size}",
+        kv_lengths=(128, 77, 0, 5),
+        q_len=3,
+        head_dim=24,
+        page_size=page_size,
+        pages_per_sequence=-(-128 // page_size),
+        layout="shared",
+    )
+    t = KernelTuning(16, 32, 4, 2)
+    tuning = decode.Tuning(t, t, t, num_splits=2)
+    _check(case, _inputs(case), *_paged(_inputs(case), implementation="pallas_decode", tuning=tuning))
+
+
 @pytest.mark.parametrize("num_splits", [0, -2, 2.0])
 def test_decode_share_count_must_be_a_positive_int(num_splits):
     t = KernelTuning(16, 16, 4, 2)
