@@ -239,52 +239,34 @@ def load_tile(ref, b, h, start, block: int, length: int, dim: int, *, ragged: bo
 class Pages:
     """Keys and values in a pool of pages, ``[num_kv_heads, num_pages, page_size, dim]``,
     that sequence ``b`` reads through row ``b`` of a page table ``[batch,
-    pages_per_sequence]`` (the layout of vLLM and of JAX's TPU paged attention).
-
-    A tile of ``block`` keys (starting at a multiple of ``block``) lies within one page
-    when ``page_size`` is a multiple of ``block``, spans whole pages when ``block`` is a
-    multiple of ``page_size``, and otherwise crosses page boundaries anywhere."""
+    pages_per_sequence]`` (the layout of vLLM and of JAX's TPU paged attention)."""
 
     page_size: int
     num_pages: int
 
     def lookup(self, table, b, start, block: int):
-        """The page ids of sequence ``b``'s keys ``start:start+block`` from its row of the
-        table: one for a tile within one page, one per page for whole pages, else one per
-        key (slots past the table's end read its last entry; ids out of the pool are
-        clipped into it, so no read is ever out of bounds)."""
+        """The pages of sequence ``b``'s keys ``start:start+block`` from its row of the
+        table: one page id for a tile within one page, else one per key (slots past the
+        table's end read its last entry; ids out of the pool are clipped into it, so no
+        read is ever out of bounds)."""
         page_size = np.int32(self.page_size)
-        if self.page_size % block == 0:
-            slots = lax.div(start, page_size)
-        elif block % self.page_size == 0:
-            slots = lax.div(start, page_size) + _iota(block // self.page_size)
-        else:
-            slots = lax.div(start + _iota(block), page_size)
-        slots = jnp.minimum(slots, np.int32(table.shape[1] - 1))
+        keys = start if self.page_size % block == 0 else start + _iota(block)
+        slots = jnp.minimum(lax.div(keys, page_size), np.int32(table.shape[1] - 1))
         return jnp.clip(table[b, slots], 0, self.num_pages - 1)
 
     def load(self, ref, pages, h, start, block: int, length: int, dim: int, *, ragged: bool):
         """`load_tile` of keys ``start:start+block`` from their ``pages`` (`lookup`). A
-        tile within one page is a slice of it; one of whole pages is read page by page as
-        ``[block // page_size, page_size, dim_p]``; one that crosses page boundaries
-        elsewhere gathers its rows. Either way the tile need not shrink to the page."""
-        page_size, dim_p = np.int32(self.page_size), ref.shape[-1]
+        tile within one page is a slice of it; a tile over several pages (or across a
+        page boundary) gathers its rows, so that the tile need not shrink to the page."""
+        mask = _and((start + _iota(block) < length)[:, None] if ragged else None, _in_dims(ref.shape[-1], dim))
+        page_size = np.int32(self.page_size)
         if self.page_size % block == 0:
-            mask = _and((start + _iota(block) < length)[:, None] if ragged else None, _in_dims(dim_p, dim))
             view = ref.at[h, pages, pl.ds(lax.rem(start, page_size), block), :]
-            return view[...] if mask is None else plgpu.load(view, mask=mask, other=0.0)
-        if block % self.page_size == 0:
-            rows = _iota(self.page_size)[None, :]
-            keys = start + _iota(block // self.page_size)[:, None] * page_size + rows
-            pages = pages[:, None]
         else:
             keys = start + _iota(block)
-            rows = lax.rem(keys, page_size)
-        columns = _iota(dim_p)[(None,) * keys.ndim]  # Triton broadcasts equal ranks only
-        mask = _and((keys < length)[..., None] if ragged else None, columns < dim if dim < dim_p else None)
-        view = ref.at[h, pages[..., None], rows[..., None], columns]
-        tile = view[...] if mask is None else plgpu.load(view, mask=mask, other=0.0)
-        return tile.reshape(block, dim_p)
+            columns = _iota(ref.shape[-1])[None, :]
+            view = ref.at[h, pages[:, None], lax.rem(keys, page_size)[:, None], columns]
+        return view[...] if mask is None else plgpu.load(view, mask=mask, other=0.0)
 
 
 def store_tile(ref, b, h, start, value, length: int, dim: int):
