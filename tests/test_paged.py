@@ -289,16 +289,18 @@ def test_decode_in_any_number_of_shares(num_splits):
     _check(case, arrays, out, lse)
 
 
+@pytest.mark.parametrize("q_len", [1, 3])
 @pytest.mark.parametrize("page_size", [64, 16, 6])
-def test_decode_reads_tiles_within_a_page_of_whole_pages_and_across_pages(page_size):
-    """pallas_decode's 32-key tiles read pages of 64 keys as slices of one page, pages of
-    16 page by page, and pages of 6 row by row (tiles cross page boundaries anywhere), in
-    two shares, with shared pages, uneven fills and a padded head dim: each the float64
-    reference's output and lse (`jaxtile.triton._kernel.Pages`)."""
+def test_decode_reads_tiles_within_a_page_and_across_pages(page_size, q_len):
+    """pallas_decode's 32-key tiles read pages of 64 keys as slices of one page and
+    gather the rows of pages of 16 (tiles of whole pages) and of 6 (tiles that cross page
+    boundaries anywhere), in two shares, with shared pages, uneven fills and a padded head
+    dim, looking each tile's page ids up at its own step (one query) or a step ahead
+    (three): each the float64 reference's output and lse (`jaxtile.triton._kernel.Pages`)."""
     case = Paged(
         f"pages_of_{page_size}",
         kv_lengths=(128, 77, 0, 5),
-        q_len=3,
+        q_len=q_len,
         head_dim=24,
         page_size=page_size,
         pages_per_sequence=-(-128 // page_size),

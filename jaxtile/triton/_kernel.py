@@ -239,10 +239,13 @@ def load_tile(ref, b, h, start, block: int, length: int, dim: int, *, ragged: bo
 class Pages:
     """Keys and values in a pool of pages, ``[num_kv_heads, num_pages, page_size, dim]``,
     that sequence ``b`` reads through row ``b`` of a page table ``[batch,
-    pages_per_sequence]`` (the layout of vLLM and of JAX's TPU paged attention)."""
+    pages_per_sequence]`` (the layout of vLLM and of JAX's TPU paged attention).
+    ``ids_ahead``: the key loop reads the next tile's page ids one step ahead and carries
+    them, rather than each tile's at its own step."""
 
     page_size: int
     num_pages: int
+    ids_ahead: bool = True
 
     def lookup(self, table, b, start, block: int):
         """The pages of sequence ``b``'s keys ``start:start+block`` from its row of the

@@ -53,6 +53,12 @@ DEFAULTS = {2: tn.KernelTuning(64, 128, 4, 3), 4: tn.KernelTuning(64, 32, 4, 2)}
 # 128-key tiles ran at 0.78-0.79x the contiguous cache, in 64-key tiles at 0.88x (one
 # query: 128 keys were faster; bench/results/h200/decode_tiles_f1bb95f.log, decode.log).
 _PAGED_BLOCK_K = 64
+# Pages read for one query look up each tile's page ids at its own step, for several
+# queries one step ahead (`pk.Pages.ids_ahead`): for one query, pages of 16 ran 0.128-0.134
+# ms at its own step against 0.136-0.140 ahead at batch 1 (0.233-0.235 against
+# 0.238-0.242 at batch 64, level at batch 8); for 16 queries, 0.273-0.277 against 0.244-0.247
+# (bench/results/h200/paged_reads/README.md).
+_IDS_AHEAD_FROM_Q_LEN = 2
 # What ``tuning="autotune"`` (and ``bench.decode --tiles``) tries.
 CANDIDATES = tuple(tn.KernelTuning(64, bk, 4, stages) for bk in (32, 64, 128) for stages in (2, 3, 4))
 
@@ -148,7 +154,8 @@ def _splits(config: Config, paged: bool) -> Callable[[Shape, pk.Tiles], int]:
 
 def _merged(inputs: Inputs, config: Config, tuning: tn.KernelTuning, paged=None):
     splits = _splits(config, paged is not None)
-    out, lse = v2.forward_pass(inputs, config, tuning, splits=splits, paged=paged)
+    ahead = inputs.q.shape[1] >= _IDS_AHEAD_FROM_Q_LEN
+    out, lse = v2.forward_pass(inputs, config, tuning, splits=splits, paged=paged, ids_ahead=ahead)
     if out.shape[0] == 1:
         return out[0], lse[0]
     out, lse = sm.merge(out, lse)

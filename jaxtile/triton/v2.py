@@ -125,12 +125,14 @@ def _forward_kernel(*refs, kernel: pk.Kernel, splits: int, pages: pk.Pages | Non
             return pk.load_tile(ref, b, h_kv, start, block, dims.kv_len, dim, ragged=masked)
         return pages.load(ref, ids, h_kv, start, block, dims.kv_len, dim, ragged=masked)
 
+    ahead = pages is not None and pages.ids_ahead
+
     def body(masked, j, carry):
         acc, m_i, l_i, ids = carry
         kv_start = j * bk
-        # With pages, the next tile's page ids are read one step ahead, so that this
-        # tile's loads do not wait on the page table.
-        next_ids = lookup(kv_start + bk)
+        # With pages, the next tile's page ids are read one step ahead (so that this
+        # tile's loads do not wait on the page table), or this tile's now.
+        ids, next_ids = (ids, lookup(kv_start + bk)) if ahead else (lookup(kv_start), None)
         # Lines 6-8: load K_j; S_ij = Q_i K_jᵀ, plus the bias. (Each tile is loaded just
         # before its first use, which lets Triton's pipeliner wait on K_j alone before the
         # first dot.)
@@ -164,7 +166,7 @@ def _forward_kernel(*refs, kernel: pk.Kernel, splits: int, pages: pk.Pages | Non
         first = lo + share * per_share
         spans = [span.within(first, first + per_share) for span in spans]
     for span in spans:
-        carry = (*carry[:3], lookup(span.start * bk))
+        carry = (*carry[:3], lookup(span.start * bk) if ahead else None)
         carry = pk.fori_loop(span.start, span.stop, functools.partial(body, span.masked), carry)
     # Lines 12-13: normalise once; L_i = m_i + log(l_i).
     out, lse = sm.finalize(*carry[:3])
@@ -179,6 +181,7 @@ def forward_pass(
     *,
     splits: Callable[[Shape, pk.Tiles], int] | None = None,
     paged: tuple[jax.Array, jax.Array, jax.Array] | None = None,
+    ids_ahead: bool = True,
 ):
     """The forward kernel: ``out [splits, batch, q_len, heads, dv]`` (the query's dtype
     without splits, float32 partial results with them) and ``lse [splits, batch, heads,
@@ -186,8 +189,8 @@ def forward_pass(
     (split-KV decoding; one without it). With ``paged = (k_pages, v_pages, page_table)``
     (`pk.Pages`) the kernel reads K and V from the pages, and ``inputs.k``/``inputs.v``
     only give the shape of the cache they hold (``[batch, pages_per_sequence ·
-    page_size, num_kv_heads, dim]``)."""
-    pages = None if paged is None else pk.Pages(page_size=paged[0].shape[2], num_pages=paged[0].shape[1])
+    page_size, num_kv_heads, dim]``); ``ids_ahead`` is `pk.Pages`'."""
+    pages = None if paged is None else pk.Pages(paged[0].shape[2], paged[0].shape[1], ids_ahead)
     kernel = pk.Kernel.create(inputs, config, tuning, _FORWARD, packable=_packable(inputs))
     dims, tiles = kernel.dims, kernel.tiles
     shares = 1 if splits is None else splits(dims, tiles)
