@@ -34,7 +34,8 @@ def _materialise(version: str, into: Path) -> dict:
     source = Path(version)
     if (source / "jaxtile").is_dir():
         shutil.copytree(source / "jaxtile", into / "jaxtile")
-        described = dict(version=version, commit=None)
+        stamp = source / "VERSION.json"  # `bench.probe --stamp`'s, where the directory has one
+        described = dict(version=version, commit=None) | (json.loads(stamp.read_text()) if stamp.exists() else {})
     else:
         commit = subprocess.run(
             ["git", "-C", ROOT, "rev-parse", version], capture_output=True, text=True, check=True

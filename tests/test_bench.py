@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -337,19 +338,25 @@ def test_documents_count_as_separate_sequences():
 
 def test_ab_runs_each_version_from_its_own_directory(tmp_path):
     """`bench.ab` lays out a git ref and a directory each with its own jaxtile and this
-    tree's harness; a process started there imports that jaxtile and says which."""
+    tree's harness; a process started there imports that jaxtile and says which, and a
+    directory stamped by ``bench.probe --stamp`` names its commit."""
     from bench import ab
 
     head = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
-    for version, label in (("HEAD", "ref"), (str(ROOT), "dir")):
-        where = tmp_path / label
+    plain, stamped = tmp_path / "plain", tmp_path / "stamped"
+    for source in (plain, stamped):
+        shutil.copytree(ROOT / "jaxtile", source / "jaxtile", ignore=shutil.ignore_patterns("__pycache__"))
+    (stamped / "VERSION.json").write_text(json.dumps(dict(version="stamped", commit="c0ffee", dirty=False)))
+    versions = (("HEAD", "ref", head.stdout.strip()), (str(plain), "dir", None), (str(stamped), "stamp", "c0ffee"))
+    for version, label, commit in versions:
+        where = tmp_path / "laid_out" / label
         described = ab._materialise(version, where)
         assert (where / "jaxtile" / "__init__.py").exists() and (where / "bench" / "check.py").exists()
         probe = "import json; from bench.probe import git_state; print(json.dumps(git_state()))"
         done = subprocess.run([sys.executable, "-c", probe], cwd=where, capture_output=True, text=True, check=True)
         state = json.loads(done.stdout)
         assert state["jaxtile_file"] == str(where / "jaxtile" / "__init__.py")
-        assert state["commit"] == (head.stdout.strip() if label == "ref" else None) == described["commit"]
+        assert state["commit"] == commit == described["commit"]
 
 
 def test_decode_smoke_run_on_cpu(tmp_path):
