@@ -223,9 +223,7 @@ def visible(spec: MaskSpec, corner, shape: tuple[int, int], q_axis: int, *, leng
     and the step's (``step_ids``, from the ring)."""
     rows, cols = iotas(shape, *corner)
     q_idx, kv_idx = (rows, cols) if q_axis == 0 else (cols, rows)
-    block_q, block_k = shape if q_axis == 0 else shape[::-1]
-    # Indices past the sequences' ends need hiding only where a tile can reach them.
-    runtime = dict(check_bounds=spec.q_len % block_q != 0 or spec.kv_len % block_k != 0)
+    runtime = {}
     if lengths is not None:
         runtime["lengths"] = tuple(
             plgpu.layout_cast(jnp.full(shape, n, jnp.int32), plgpu.Layout.WGMMA) for n in lengths
