@@ -262,7 +262,9 @@ def _jaxtile_peers(shape: Shape) -> dict:
     return peers
 
 
-def run(shapes, modes, budget_s: float, floors: dict) -> list[dict]:
+def run(shapes, modes, budget_s: float, floors: dict, on_row=None) -> list[dict]:
+    """The rows of ``shapes`` × ``modes``; ``on_row(rows)`` after each, so that a run cut
+    short by a time box keeps what it measured."""
     rows = []
     for shape in shapes:
         peers = {"cudnn": _cudnn(shape), "tokamax": _tokamax(shape), **_jaxtile_peers(shape)}
@@ -284,6 +286,8 @@ def run(shapes, modes, budget_s: float, floors: dict) -> list[dict]:
                 row["status"] = "ok" if row["ratio"] >= row["floor"] else "FAIL"
             rows.append(row)
             print(_line(row), flush=True)
+            if on_row:
+                on_row(rows)
     return rows
 
 
@@ -335,7 +339,23 @@ def render(results: dict) -> str:
         "",
         f"Geometric mean over the rows with a cuDNN number: {summary['geomean_vs_cudnn']:.2f}× cuDNN's speed.",
     ]
+    if summary.get("planned", summary["rows"]) > summary["rows"]:
+        lines[-1] += f" The run was cut short: {summary['rows']} of its {summary['planned']} rows."
     return "\n".join(lines) + "\n"
+
+
+def _summary(rows: list[dict], planned: int) -> dict:
+    """How many rows ran (of how many ``planned``), how many failed, and the geometric mean
+    of cuDNN's time over jaxtile's."""
+    vs_cudnn = [
+        r["cudnn"]["ms"] / r["jaxtile"]["ms"] for r in rows if "ms" in r.get("cudnn", {}) and "ms" in r["jaxtile"]
+    ]
+    return dict(
+        rows=len(rows),
+        planned=planned,
+        failed=sum(r["status"].startswith("FAIL") for r in rows),
+        geomean_vs_cudnn=math.exp(sum(map(math.log, vs_cudnn)) / len(vs_cudnn)) if vs_cudnn else None,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -357,20 +377,18 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(probe(), date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
     print(f"jaxtile {env['git']['commit']} (dirty: {env['git']['dirty']}) from {env['git']['jaxtile_file']}")
     print(f"on {env['device']}, jax {jax.__version__}")
-    rows = run(shapes, args.modes, args.budget, floors)
-    failed = [r for r in rows if r["status"].startswith("FAIL")]
-    vs_cudnn = [
-        r["cudnn"]["ms"] / r["jaxtile"]["ms"] for r in rows if "ms" in r.get("cudnn", {}) and "ms" in r["jaxtile"]
-    ]
-    summary = dict(
-        rows=len(rows),
-        failed=len(failed),
-        geomean_vs_cudnn=math.exp(sum(map(math.log, vs_cudnn)) / len(vs_cudnn)) if vs_cudnn else None,
-    )
-    if args.out:
-        args.out.write_text(json.dumps(dict(environment=env, summary=summary, rows=rows), indent=1) + "\n")
+    planned = len(shapes) * len(args.modes)
+
+    def write(rows):
+        if args.out:
+            results = dict(environment=env, summary=_summary(rows, planned), rows=rows)
+            args.out.write_text(json.dumps(results, indent=1) + "\n")
+
+    rows = run(shapes, args.modes, args.budget, floors, on_row=write)
+    summary = _summary(rows, planned)
+    failed = summary["failed"]
     geomean = summary["geomean_vs_cudnn"]
-    print(f"{len(rows) - len(failed)} of {len(rows)} at or above their floors; geomean vs cuDNN {geomean}")
+    print(f"{len(rows) - failed} of {len(rows)} at or above their floors; geomean vs cuDNN {geomean}")
     return 1 if failed else 0
 
 

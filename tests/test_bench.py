@@ -301,8 +301,12 @@ def test_check_compares_with_the_peer_against_committed_floors(monkeypatch):
     monkeypatch.setattr(
         check, "_timed", lambda attend, shape, mode, budget: {"ms": ms[attend]} if attend in ms else {"error": "boom"}
     )
-    rows = check.run(shapes, ["fwd"], 0.1, {"slow": {"fwd": 0.4}, "broken": {"fwd": 0.4}})
+    seen = []
+    rows = check.run(
+        shapes, ["fwd"], 0.1, {"slow": {"fwd": 0.4}, "broken": {"fwd": 0.4}}, on_row=lambda rows: seen.append(len(rows))
+    )
     assert [(r["ratio"], r["status"]) for r in rows] == [(0.5, "ok"), (None, "FAIL (no number)")]
+    assert seen == [1, 2], "the rows so far are handed on after each one, for a run cut short"
     rows = check.run(shapes[:1], ["fwd"], 0.1, {"slow": {"fwd": 0.6}})
     assert rows[0]["status"] == "FAIL"
 
