@@ -16,6 +16,7 @@ import pathlib
 import sys
 import time
 
+import jax
 import torch
 from tqdm import tqdm
 
@@ -42,8 +43,8 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         metavar="NAME",
         help="implementation to test, repeatable: a jaxtile name, or module:function with flash_attention's "
-        "signature; default: every jaxtile implementation that is available and jaxtile's other entry points "
-        "(parity.entries)",
+        "signature; default: every jaxtile implementation that runs on this machine (natively or interpreted) "
+        "and jaxtile's other entry points (parity.entries)",
     )
     case_set = parser.add_mutually_exclusive_group()
     case_set.add_argument("--quick", dest="case_set", action="store_const", const="quick", help="small cases (default)")
@@ -69,6 +70,16 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _runnable() -> list[str]:
+    """The registered implementations that run on this machine's default platform, fastest
+    first; says which were left out and why."""
+    platform = jax.default_backend()
+    unable = {i.name: i.unable(platform) for i in registry.implementations()}
+    for reason in filter(None, unable.values()):
+        print(f"left out: {reason}")
+    return [name for name, reason in unable.items() if reason is None]
+
+
 def _write(path: pathlib.Path, report: Report, metadata: dict, complete: bool) -> None:
     document = report.to_json(**metadata, complete=complete)
     path.write_text(json.dumps(document, indent=1, allow_nan=False) + "\n")
@@ -78,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
-        implementations = [resolve_implementation(s) for s in args.impl] if args.impl else [*registry.names(), *ENTRIES]
+        implementations = [resolve_implementation(s) for s in args.impl] if args.impl else [*_runnable(), *ENTRIES]
     except (ValueError, ImportError, AttributeError) as error:
         parser.error(f"--impl: {error}")
     index, count = args.shard

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import pytest
 
 import jaxtile
-from parity.__main__ import main
+from parity.__main__ import _runnable, main
 from parity.case import make_inputs
 from parity.cases import QUICK
 from parity.entries import ENTRIES
@@ -193,6 +193,18 @@ def test_cli_shards_merge_into_the_whole_run(tmp_path):
     assert got["summary"].split(" | ")[:3] == expected["summary"].split(" | ")[:3]  # all but the seconds
     with pytest.raises(SystemExit):
         merge_main([str(merged), str(parts[0]), str(parts[0])])
+
+
+def test_default_implementations_are_those_that_run_here(capsys):
+    """Without ``--impl`` the report runs every implementation whose record says it runs
+    on this machine, and names each one it leaves out with the record's reason."""
+    platform = jax.default_backend()
+    names = _runnable()
+    printed = capsys.readouterr().out
+    assert names and all(jaxtile.registry.get(name).unable(platform) is None for name in names)
+    for record in jaxtile.registry.implementations():
+        if record.name not in names:
+            assert f"left out: {record.unable(platform)}" in printed
 
 
 @pytest.mark.parametrize(
