@@ -73,26 +73,30 @@ def _torch(info: dict) -> None:
 
 def git_state() -> dict:
     """Which jaxtile this process imported: its ``jaxtile.__file__``, the commit of the
-    checkout it lives in and whether that tree was dirty. A copy without ``.git`` (a
-    version that `bench.ab` laid out, or a tree sent to a GPU machine after
-    ``python -m bench.probe --stamp``) names itself in ``VERSION.json`` beside it. Every
+    checkout it lives in and whether that tree was dirty. A copy that is not a checkout
+    of its own (a version that `bench.ab` laid out, or a tree sent to a GPU machine after
+    ``python -m bench.probe --stamp``) names itself in ``VERSION.json`` beside it; in a
+    checkout, git answers and a stamp left there is ignored, since it may be stale. Every
     results file records this, so a number always says what it measured."""
     import jaxtile
 
     root = Path(jaxtile.__file__).resolve().parents[1]
     state = dict(jaxtile_file=str(Path(jaxtile.__file__).resolve()))
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", root, *args], capture_output=True, text=True, check=True).stdout
+
+    try:
+        top, commit = git("rev-parse", "--show-toplevel", "HEAD").split()
+    except (OSError, subprocess.CalledProcessError, ValueError):  # not in a checkout
+        top = commit = None
+    if top is not None and Path(top).resolve() == root:
+        return dict(state, commit=commit, dirty=bool(git("status", "--porcelain").strip()))
     if (root / "VERSION.json").exists():
         described = json.loads((root / "VERSION.json").read_text())
         dirty = described.get("dirty", described["commit"] is None)
         return dict(state, commit=described["commit"], dirty=dirty, version=described["version"])
-    try:
-        commit = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
-        status = subprocess.run(
-            ["git", "-C", root, "status", "--porcelain"], capture_output=True, text=True, check=True
-        )
-    except (OSError, subprocess.CalledProcessError):  # not a checkout (an installed copy)
-        return dict(state, commit=None, dirty=None)
-    return dict(state, commit=commit.stdout.strip(), dirty=bool(status.stdout.strip()))
+    return dict(state, commit=None, dirty=None)
 
 
 def probe() -> dict:

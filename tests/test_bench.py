@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -361,6 +362,39 @@ def test_ab_runs_each_version_from_its_own_directory(tmp_path):
         state = json.loads(done.stdout)
         assert state["jaxtile_file"] == str(where / "jaxtile" / "__init__.py")
         assert state["commit"] == commit == described["commit"]
+
+
+def test_git_state_trusts_a_checkout_over_a_stamp_and_a_stamp_over_an_enclosing_checkout(tmp_path):
+    """In a checkout of its own, jaxtile's commit comes from git, whatever stale
+    ``VERSION.json`` lies there; a copy inside another checkout (a version laid out under
+    the tree) is named by its stamp, or by nothing, never by the checkout around it."""
+    repo = tmp_path / "repo"
+    (repo / "jaxtile").mkdir(parents=True)
+    (repo / "jaxtile" / "__init__.py").touch()
+    (repo / ".gitignore").write_text("VERSION.json\nout/\n")
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    for args in (["init", "-q"], ["add", "."], ["commit", "-qm", "x"]):
+        subprocess.run([*git, *args], check=True, capture_output=True)
+    commit = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    stale = dict(version="stamped", commit="c0ffee", dirty=False)
+    (repo / "VERSION.json").write_text(json.dumps(stale))
+    stamped, plain = repo / "out" / "stamped", repo / "out" / "plain"
+    for copy in (stamped, plain):
+        shutil.copytree(repo / "jaxtile", copy / "jaxtile")
+    (stamped / "VERSION.json").write_text(json.dumps(stale))
+    probe = "import json; from bench.probe import git_state; print(json.dumps(git_state()))"
+    for where, expected in ((repo, (commit, False)), (stamped, ("c0ffee", False)), (plain, (None, None))):
+        done = subprocess.run(
+            [sys.executable, "-c", probe],
+            cwd=where,
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        state = json.loads(done.stdout)
+        assert state["jaxtile_file"] == str(where.resolve() / "jaxtile" / "__init__.py")
+        assert (state["commit"], state["dirty"]) == expected, where
 
 
 def test_decode_smoke_run_on_cpu(tmp_path):
