@@ -66,7 +66,7 @@ BACKWARD = {
 # each fits (`BackwardTuning.fits`: one that did not would time the Triton backward).
 MOSAIC_FORWARD = {
     64: [(64, 256, 2), (64, 128, 2), (64, 128, 3), (64, 128, 4)],
-    128: [(64, 128, 2), (64, 128, 3), (64, 64, 3), (64, 64, 4)],
+    128: [(64, 128, 2), (64, 128, 3), (64, 64, 2), (64, 64, 3), (64, 64, 4)],
     256: [(64, 64, 2), (64, 64, 3)],
 }
 MOSAIC_BACKWARD = {
