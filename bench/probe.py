@@ -9,6 +9,7 @@ Keys: ``platform`` (JAX's: ``"gpu"``, ``"cpu"``, ...), ``device`` (its name), ``
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import json
 import platform
@@ -71,17 +72,30 @@ def _torch(info: dict) -> None:
         info["versions"]["cuda (torch)"] = torch.version.cuda
 
 
+def _fingerprint(root: Path) -> str:
+    """A hash of the Python sources of ``root/jaxtile``: what a stamp vouches for."""
+    digest = hashlib.sha256()
+    for path in sorted((root / "jaxtile").rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
 def git_state() -> dict:
-    """Which jaxtile this process imported: its ``jaxtile.__file__``, the commit of the
-    checkout it lives in and whether that tree was dirty. A copy that is not a checkout
-    of its own (a version that `bench.ab` laid out, or a tree sent to a GPU machine after
-    ``python -m bench.probe --stamp``) names itself in ``VERSION.json`` beside it; in a
-    checkout, git answers and a stamp left there is ignored, since it may be stale. Every
-    results file records this, so a number always says what it measured."""
+    """Which jaxtile this process imported: its ``jaxtile.__file__``, the commit it came
+    from and whether that tree was dirty. A ``VERSION.json`` beside ``jaxtile/`` (written
+    by ``python -m bench.probe --stamp`` before a tree is sent to a GPU machine, or by
+    `bench.ab` for a version it laid out) answers while the sources are the ones it was
+    stamped with, whatever ``.git`` the copy carries; else git answers in a checkout of
+    its own; else a stamp names the commit, and the tree is dirty if its sources changed
+    since. Every results file records this, so a number always says what it measured."""
     import jaxtile
 
     root = Path(jaxtile.__file__).resolve().parents[1]
     state = dict(jaxtile_file=str(Path(jaxtile.__file__).resolve()))
+    stamp = root / "VERSION.json"
+    described = json.loads(stamp.read_text()) if stamp.exists() else None
+    if described and described.get("fingerprint") == _fingerprint(root):
+        return dict(state, commit=described["commit"], dirty=described["dirty"], version=described["version"])
 
     def git(*args: str) -> str:
         return subprocess.run(["git", "-C", root, *args], capture_output=True, text=True, check=True).stdout
@@ -92,9 +106,8 @@ def git_state() -> dict:
         top = commit = None
     if top is not None and Path(top).resolve() == root:
         return dict(state, commit=commit, dirty=bool(git("status", "--porcelain").strip()))
-    if (root / "VERSION.json").exists():
-        described = json.loads((root / "VERSION.json").read_text())
-        dirty = described.get("dirty", described["commit"] is None)
+    if described:
+        dirty = "fingerprint" in described or described.get("dirty", described["commit"] is None)
         return dict(state, commit=described["commit"], dirty=dirty, version=described["version"])
     return dict(state, commit=None, dirty=None)
 
@@ -107,14 +120,15 @@ def probe() -> dict:
 
 
 def stamp() -> dict:
-    """Writes ``VERSION.json`` (this checkout's commit and whether it is dirty) beside
-    ``jaxtile/``, for copies of the tree that travel without ``.git``."""
+    """Writes ``VERSION.json`` (this checkout's commit, whether it is dirty, and the
+    fingerprint of its sources) beside ``jaxtile/``, for copies of the tree that travel
+    without their own ``.git``."""
     import jaxtile
 
     root = Path(jaxtile.__file__).resolve().parents[1]
     (root / "VERSION.json").unlink(missing_ok=True)
     state = git_state()
-    described = dict(version="stamped", commit=state["commit"], dirty=state["dirty"])
+    described = dict(version="stamped", commit=state["commit"], dirty=state["dirty"], fingerprint=_fingerprint(root))
     (root / "VERSION.json").write_text(json.dumps(described) + "\n")
     return described
 

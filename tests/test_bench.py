@@ -357,20 +357,31 @@ def test_ab_runs_each_version_from_its_own_directory(tmp_path):
         where = tmp_path / "laid_out" / label
         described = ab._materialise(version, where)
         assert (where / "jaxtile" / "__init__.py").exists() and (where / "bench" / "check.py").exists()
-        probe = "import json; from bench.probe import git_state; print(json.dumps(git_state()))"
-        done = subprocess.run([sys.executable, "-c", probe], cwd=where, capture_output=True, text=True, check=True)
-        state = json.loads(done.stdout)
+        state = _git_state_in(where)
         assert state["jaxtile_file"] == str(where / "jaxtile" / "__init__.py")
         assert state["commit"] == commit == described["commit"]
 
 
-def test_git_state_trusts_a_checkout_over_a_stamp_and_a_stamp_over_an_enclosing_checkout(tmp_path):
-    """In a checkout of its own, jaxtile's commit comes from git, whatever stale
-    ``VERSION.json`` lies there; a copy inside another checkout (a version laid out under
-    the tree) is named by its stamp, or by nothing, never by the checkout around it."""
+def _git_state_in(where: Path, pythonpath: Path | None = None) -> dict:
+    """`bench.probe.git_state` in a process started in ``where`` (so that it imports
+    ``where/jaxtile``), with this tree's harness on ``pythonpath``."""
+    env = {**os.environ, "PYTHONPATH": str(pythonpath)} if pythonpath else None
+    probe = "import json; from bench.probe import git_state; print(json.dumps(git_state()))"
+    done = subprocess.run([sys.executable, "-c", probe], cwd=where, capture_output=True, text=True, check=True, env=env)
+    return json.loads(done.stdout)
+
+
+def test_git_state_trusts_a_stamp_of_these_sources_then_a_checkout_then_any_stamp(tmp_path):
+    """A stamp whose fingerprint matches the sources names them, whatever ``.git`` the
+    tree carries (a GPU machine's copy may hold an older one); without such a stamp, git
+    answers in a checkout of its own, whatever stale ``VERSION.json`` lies there; a copy
+    inside another checkout is named by its stamp (dirty if its sources changed since)
+    or by nothing, never by the checkout around it."""
+    from bench.probe import _fingerprint
+
     repo = tmp_path / "repo"
     (repo / "jaxtile").mkdir(parents=True)
-    (repo / "jaxtile" / "__init__.py").touch()
+    (repo / "jaxtile" / "__init__.py").write_text("first = 1\n")
     (repo / ".gitignore").write_text("VERSION.json\nout/\n")
     git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
     for args in (["init", "-q"], ["add", "."], ["commit", "-qm", "x"]):
@@ -378,23 +389,21 @@ def test_git_state_trusts_a_checkout_over_a_stamp_and_a_stamp_over_an_enclosing_
     commit = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
     stale = dict(version="stamped", commit="c0ffee", dirty=False)
     (repo / "VERSION.json").write_text(json.dumps(stale))
-    stamped, plain = repo / "out" / "stamped", repo / "out" / "plain"
-    for copy in (stamped, plain):
+    stamped, plain, changed = (repo / "out" / name for name in ("stamped", "plain", "changed"))
+    for copy in (stamped, plain, changed):
         shutil.copytree(repo / "jaxtile", copy / "jaxtile")
     (stamped / "VERSION.json").write_text(json.dumps(stale))
-    probe = "import json; from bench.probe import git_state; print(json.dumps(git_state()))"
-    for where, expected in ((repo, (commit, False)), (stamped, ("c0ffee", False)), (plain, (None, None))):
-        done = subprocess.run(
-            [sys.executable, "-c", probe],
-            cwd=where,
-            capture_output=True,
-            text=True,
-            check=True,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-        )
-        state = json.loads(done.stdout)
+    (changed / "VERSION.json").write_text(json.dumps(stale | dict(fingerprint=_fingerprint(changed))))
+    (changed / "jaxtile" / "__init__.py").write_text("second = 2\n")
+    cases = [(repo, (commit, False)), (stamped, ("c0ffee", False)), (plain, (None, None)), (changed, ("c0ffee", True))]
+    for where, expected in cases:
+        state = _git_state_in(where, ROOT)
         assert state["jaxtile_file"] == str(where.resolve() / "jaxtile" / "__init__.py")
         assert (state["commit"], state["dirty"]) == expected, where
+    (repo / "jaxtile" / "__init__.py").write_text("second = 2\n")  # the files of a later commit, under the old .git
+    (repo / "VERSION.json").write_text(json.dumps(dict(stale, commit="beef", fingerprint=_fingerprint(repo))))
+    state = _git_state_in(repo, ROOT)
+    assert (state["commit"], state["dirty"]) == ("beef", False)
 
 
 def test_decode_smoke_run_on_cpu(tmp_path):
