@@ -214,6 +214,25 @@ def test_tiles_are_multiples_of_wgmma_s_rows():
     assert v3._tuning(v3.Tuning(num_stages=3), None, None, 64, 64, 2) == v3.Tuning(num_stages=3)
 
 
+def test_short_causal_calls_take_key_tiles_of_at_most_128():
+    """Causal masks (and causal windows) over at most 4K keys default to 128-key tiles
+    where 256 would fit (measured, `v3._SHORT_CAUSAL`); longer or non-causal calls, and a
+    user's tuning, keep theirs."""
+    for (q_len, kv_len), options, block_k in (
+        ((1024, 1024), dict(causal=True), 128),
+        ((1, 4096), dict(causal=True), 128),
+        ((512, 512), dict(causal=True, window=(100, 0)), 128),
+        ((4097, 4097), dict(causal=True), 256),
+        ((1024, 1024), dict(), 256),
+        ((1024, 1024), dict(window=(100, 100)), 256),
+    ):
+        spec = MaskSpec.create(q_len, kv_len, **options)
+        assert v3._tuning(None, None, None, 64, 64, 2, spec).block_k == block_k, (q_len, kv_len, options)
+    assert v3._tuning(None, None, None, 128, 128, 2, MaskSpec.create(1024, 1024, causal=True)) == v3.Tuning()
+    short = MaskSpec.create(1024, 1024, causal=True)
+    assert v3._tuning(v3.Tuning(block_k=256), None, None, 64, 64, 2, short).block_k == 256
+
+
 def test_every_swept_backward_candidate_fits():
     """``bench.tune --impl mosaic_v3`` times only backward tiles the Mosaic kernels take
     (one that did not fit would time the Triton backward under its name)."""

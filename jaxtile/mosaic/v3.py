@@ -97,10 +97,19 @@ class Tuning:
         return tuning
 
 
-def default_tuning(head_dim: int, head_dim_v: int, itemsize: int) -> Tuning:
-    """The largest key tile (256, 128 or 64) whose two-stage ring fits beside the queries
-    (and the backward's default, `Tuning.backward_for`)."""
-    for block_k in (256, 128, 64):
+# Causal masks over at most this many keys take key tiles of at most 128 where 256 would
+# fit: a query tile sees too few of a 256-key tile's keys (head dim 64 on an H100,
+# `bench/results/h100/tune_d64_causal/`: 1K 218 -> 248 TFLOP/s, 4K 385 -> 390; at 16K
+# the 256-key tiles win, 485 against 467).
+_SHORT_CAUSAL = 4096
+
+
+def default_tuning(head_dim: int, head_dim_v: int, itemsize: int, spec: MaskSpec | None = None) -> Tuning:
+    """The largest key tile (256, 128 or 64; at most 128 for causal masks over at most
+    `_SHORT_CAUSAL` keys) whose two-stage ring fits beside the queries (and the
+    backward's default, `Tuning.backward_for`)."""
+    short_causal = spec is not None and spec.right == 0 and spec.kv_len <= _SHORT_CAUSAL
+    for block_k in (128, 64) if short_causal else (256, 128, 64):
         tuning = Tuning(block_k=block_k)
         if (
             block_k * (head_dim + head_dim_v) <= 256 * 128
@@ -230,12 +239,15 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
         keys.produce(first=first, steps=steps, group=dims.group, block_k=bk, num_stages=stages)
 
 
-def _tuning(tuning, block_q: int | None, block_k: int | None, head_dim: int, head_dim_v: int, itemsize: int) -> Tuning:
-    """``tuning`` (the user's, if it is a `Tuning`) or the default, with the call's
-    ``block_q``/``block_k`` rounded up to multiples of 64 (``block_q`` counts the rows of
-    one consumer), made to fit in shared memory (`Tuning.fit`)."""
+def _tuning(
+    tuning, block_q: int | None, block_k: int | None, head_dim: int, head_dim_v: int, itemsize: int, spec=None
+) -> Tuning:
+    """``tuning`` (the user's, if it is a `Tuning`) or the default (of ``spec``'s mask,
+    where given), with the call's ``block_q``/``block_k`` rounded up to multiples of 64
+    (``block_q`` counts the rows of one consumer), made to fit in shared memory
+    (`Tuning.fit`)."""
     if not isinstance(tuning, Tuning):
-        tuning = default_tuning(head_dim, head_dim_v, itemsize)
+        tuning = default_tuning(head_dim, head_dim_v, itemsize, spec)
     blocks = {name: padded(b, WGMMA_ROWS) for name, b in (("block_q", block_q), ("block_k", block_k)) if b is not None}
     return dataclasses.replace(tuning, **blocks).fit(head_dim, head_dim_v, itemsize)
 
@@ -247,7 +259,7 @@ def forward_pass(inputs: Inputs, config: Config):
     masked; the padded rows are dropped), so any structured call runs."""
     dims = Shape.of(inputs.q, inputs.k, inputs.v)
     head_dim, head_dim_v = padded(dims.head_dim, WGMMA_ROWS), padded(dims.head_dim_v, WGMMA_ROWS)
-    tuning = _tuning(config.tuning, config.block_q, config.block_k, head_dim, head_dim_v, dims.itemsize)
+    tuning = _tuning(config.tuning, config.block_q, config.block_k, head_dim, head_dim_v, dims.itemsize, config.mask)
     rows = CONSUMERS * tuning.block_q
     q_len, kv_len = padded(dims.q_len, rows), padded(dims.kv_len, tuning.block_k)
     q = pad_to(pad_to(inputs.q, 3, head_dim), 1, q_len)
