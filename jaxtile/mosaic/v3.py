@@ -240,7 +240,13 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
 
 
 def _tuning(
-    tuning, block_q: int | None, block_k: int | None, head_dim: int, head_dim_v: int, itemsize: int, spec=None
+    tuning,
+    block_q: int | None,
+    block_k: int | None,
+    head_dim: int,
+    head_dim_v: int,
+    itemsize: int,
+    spec: MaskSpec | None = None,
 ) -> Tuning:
     """``tuning`` (the user's, if it is a `Tuning`) or the default (of ``spec``'s mask,
     where given), with the call's ``block_q``/``block_k`` rounded up to multiples of 64
@@ -300,7 +306,9 @@ def _memory(shape: Shape, block_q: int | None, block_k: int | None, backward: bo
     """Residuals (the output and lse) and temporaries: padded copies (`_ring.padded_copies`),
     and in the backward pass the rows of D and the base-2 lse and, with shares of the
     query heads (`jaxtile.mosaic.backward`), the float32 parts of dK and dV. Head dims
-    past 128 take the Triton family's backward, and its model."""
+    past 128 take the Triton family's backward, and its model. The model has no mask, so
+    it pads keys to the tiles a call without one takes: the largest (short causal calls
+    take smaller ones, `default_tuning`, and pad less)."""
     head_dim, head_dim_v = padded(shape.head_dim, WGMMA_ROWS), padded(shape.head_dim_v, WGMMA_ROWS)
     tuning = _tuning(None, block_q, block_k, head_dim, head_dim_v, shape.itemsize)
     q_len = padded(shape.q_len, CONSUMERS * tuning.block_q)
