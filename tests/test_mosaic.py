@@ -6,6 +6,7 @@ the GPU, where the shared test base runs it), and its dispatch and tuning are te
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 
 import jax
@@ -50,11 +51,12 @@ def _call(q_shape, kv_len, kv_heads, head_dim_v, causal, window, soft_cap, dtype
     return Inputs(q, k, v, *ids, lengths=lengths_array), config
 
 
+@pytest.mark.parametrize("persistent", [False, True])
 @pytest.mark.parametrize("name", CALLS)
-def test_the_forward_kernel_lowers_for_cuda(name):
+def test_the_forward_kernel_lowers_for_cuda(name, persistent):
     """Traced and lowered to Mosaic GPU's LLVM module (with its ``wgmma``), with the output
-    and lse of the call's shapes."""
-    inputs, config = _call(*CALLS[name])
+    and lse of the call's shapes, with one program per query tile or persistent programs."""
+    inputs, config = _call(*CALLS[name], tuning=v3.Tuning(persistent=persistent))
     lowered = jax.jit(lambda q, k, v: v3.forward_pass(Inputs(q, k, v), config)).trace(*inputs[:3])
     text = lowered.lower(lowering_platforms=("cuda",)).as_text()
     assert "mosaic_gpu" in text and "wgmma.mma_async" in text
@@ -67,13 +69,14 @@ def test_the_forward_kernel_lowers_for_cuda(name):
 RUNTIME = ["segments", "lengths", "segments+lengths"]
 
 
+@pytest.mark.parametrize("persistent", [False, True])
 @pytest.mark.parametrize("runtime", RUNTIME)
 @pytest.mark.parametrize("name", ["causal", "window_gqa_ragged_d80_v48", "two_sided_window_soft_cap"])
-def test_the_forward_kernel_lowers_with_runtime_masks(name, runtime):
+def test_the_forward_kernel_lowers_with_runtime_masks(name, runtime, persistent):
     """With segment ids or lengths the kernel also reads the tile bounds they give
     (`MaskSpec.tile_bounds`), and the rows' ids and a ring of the keys' ids, or the
     lengths."""
-    inputs, config = _call(*CALLS[name], runtime=runtime)
+    inputs, config = _call(*CALLS[name], runtime=runtime, tuning=v3.Tuning(persistent=persistent))
 
     def forward(inputs):
         return v3.forward_pass(inputs, config)
@@ -212,6 +215,38 @@ def test_tiles_are_multiples_of_wgmma_s_rows():
     assert v3.Tuning(256, 256, 4).fit(256, 256, 2) == v3.Tuning(64, 64, 2)
     assert v3._tuning(None, 128, 256, 256, 256, 2) == v3.Tuning(block_q=64, block_k=64)
     assert v3._tuning(v3.Tuning(num_stages=3), None, None, 64, 64, 2) == v3.Tuning(num_stages=3)
+    # Persistent programs give the output a tile of its own; they stop being persistent
+    # before their tiles shrink.
+    with pytest.raises(ValueError, match=r"persistent=1 must be a bool"):
+        v3.Tuning(persistent=1)
+    output = 2 * 64 * 128 * 2
+    assert v3.Tuning(persistent=True).shared_memory(128, 128, 2) == v3.Tuning().shared_memory(128, 128, 2) + output
+    assert v3.Tuning(64, 128, 3, persistent=True).fit(128, 128, 2) == v3.Tuning(64, 128, 2, persistent=True)
+    assert v3.Tuning(64, 64, 2, persistent=True).fit(256, 256, 2) == v3.Tuning(64, 64, 2)
+
+
+@pytest.mark.parametrize("tiles, programs", [((4, 3, 2), 5), ((1, 7, 1), 7), ((3, 1, 1), 1), ((2, 8, 3), 48)])
+def test_persistent_programs_run_every_tile_once_in_launch_order(tiles, programs):
+    """`Schedule`'s programs (the ``"programs"`` axis, here a vmap's) run every (head,
+    query tile, batch) of the grid once, each program's in the order a launch would
+    start them (heads fastest), and one program per tile without it."""
+    schedule = _ring.Schedule(tiles, programs)
+    assert schedule.grid == (programs,) and schedule.names == ("programs",)
+    steps = -(-math.prod(tiles) // programs)
+
+    def program(_):
+        indices = [jnp.stack(schedule.index(jnp.int32(i))) for i in range(steps)]
+        return schedule.count(), jnp.stack(indices)
+
+    counts, indices = jax.vmap(program, axis_name="programs")(jnp.arange(programs))
+    ran = [tuple(int(x) for x in indices[p, i]) for p in range(programs) for i in range(int(counts[p]))]
+    heads, q_tiles, _ = tiles
+    linear = sorted(h + heads * (t + q_tiles * b) for h, t, b in ran)
+    assert linear == list(range(math.prod(tiles))) and all(0 <= x < n for idx in ran for x, n in zip(idx, tiles))
+    assert all(indices[p, 0, 0] == p % heads for p in range(programs))
+    assert _ring.Schedule(tiles).grid == tiles and _ring.Schedule(tiles).names == ("heads", "q_tiles", "batch")
+    with pytest.raises(ValueError, match=r"programs=0 must be in \[1, 24\] for tiles=\(4, 3, 2\)"):
+        _ring.Schedule((4, 3, 2), 0)
 
 
 def test_short_causal_calls_take_key_tiles_of_at_most_128():
@@ -231,6 +266,29 @@ def test_short_causal_calls_take_key_tiles_of_at_most_128():
     assert v3._tuning(None, None, None, 128, 128, 2, MaskSpec.create(1024, 1024, causal=True)) == v3.Tuning()
     short = MaskSpec.create(1024, 1024, causal=True)
     assert v3._tuning(v3.Tuning(block_k=256), None, None, 64, 64, 2, short).block_k == 256
+
+
+def test_persistent_programs_by_default_where_query_tiles_visit_the_same_few_keys():
+    """Calls whose query tiles each visit the same 1024 keys or fewer (no causal edge, no
+    segments or lengths) default to persistent programs (measured,
+    `v3._PERSISTENT_KEYS`), where their output tile fits; a user's tuning keeps its own."""
+    for (q_len, kv_len), options, head_dim, persistent in (
+        ((16384, 16384), dict(window=(256, 256)), 128, True),
+        ((1024, 1024), dict(), 64, True),
+        ((1, 1024), dict(), 128, True),
+        ((4096, 4096), dict(), 64, False),
+        ((1024, 1024), dict(causal=True), 64, False),
+        ((16384, 16384), dict(window=(1000, 1000)), 128, False),
+        ((16384, 16384), dict(window=(256, 256)), 256, False),  # no room for the output's tile
+        ((1024, 1024), dict(has_segments=True), 128, False),
+        ((1024, 1024), dict(has_lengths=True), 128, False),
+    ):
+        spec = MaskSpec.create(q_len, kv_len, **options)
+        tuning = v3._tuning(None, None, None, head_dim, head_dim, 2, spec)
+        assert tuning.persistent == persistent, (q_len, kv_len, options, head_dim)
+        assert tuning.shared_memory(head_dim, head_dim, 2) <= _ring.SHARED_MEMORY
+    short = MaskSpec.create(1024, 1024)
+    assert not v3._tuning(v3.Tuning(), None, None, 128, 128, 2, short).persistent
 
 
 def test_every_swept_backward_candidate_fits():
@@ -293,4 +351,34 @@ def test_swept_backward_tiles_are_exact_on_the_gpu(case, candidate):
         return jaxtile.flash_attention(q, k, v, implementation="mosaic_v3", tuning=tuning, **options)
 
     result = run_case(case, mosaic_v3_tuned)
+    assert result.ok, result.describe()
+
+
+# Forward calls for persistent programs: BACKWARD_CASES' awkward masks, and enough tiles
+# that each of an H100's programs runs two (2 x 8 heads x 16 query tiles).
+PERSISTENT_CASES = [
+    *BACKWARD_CASES,
+    Case("causal_256_tiles", batch=(2,), q_len=2048, num_heads=8, head_dim=128, dtype="bfloat16", causal=True),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("programs", [3, None])
+@pytest.mark.parametrize("case", PERSISTENT_CASES, ids=lambda case: case.name)
+def test_persistent_programs_are_exact_on_the_gpu(case, programs, monkeypatch, request):
+    """Persistent programs (`Tuning.persistent`) against the float64 reference, outputs
+    and gradients: as many programs as multiprocessors, and 3 so that each runs many
+    tiles of uneven lengths and the ring's slots carry over from tile to tile (the count
+    is read when the kernel is traced: jax's caches are cleared around the test)."""
+    if programs is not None:
+        monkeypatch.setattr(_ring, "multiprocessors", lambda: programs)
+    jax.clear_caches()
+    request.addfinalizer(jax.clear_caches)
+
+    def mosaic_v3_persistent(q, k, v, **options):
+        return jaxtile.flash_attention(
+            q, k, v, implementation="mosaic_v3", tuning=v3.Tuning(persistent=True), **options
+        )
+
+    result = run_case(case, mosaic_v3_persistent)
     assert result.ok, result.describe()

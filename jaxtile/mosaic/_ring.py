@@ -12,9 +12,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import math
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
@@ -101,12 +103,16 @@ def rows_of(ref, b, rows, h):
     return ref.at[{4: (b, rows, h), 3: (b, h, rows), 2: (b, rows)}[ref.ndim]]
 
 
-def load_own(sources, tiles, ready, wg):
-    """Consumer ``wg``'s copies of its own tiles: ``sources[n]`` into ``tiles[n].at[wg]``,
-    each under its own barrier ``ready[n].at[wg]`` (one barrier per tile, so the launch
-    allocates as many as it declares tiles); returns once all have landed."""
+def copy_own(sources, tiles, ready, wg):
+    """Issues consumer ``wg``'s copies of its own tiles: ``sources[n]`` into
+    ``tiles[n].at[wg]``, each under its own barrier ``ready[n].at[wg]`` (one barrier per
+    tile, so the launch allocates as many as it declares tiles; `wait_own`)."""
     for source, tile, barrier in zip(sources, tiles, ready, strict=True):
         plgpu.copy_gmem_to_smem(source, tile.at[wg], barrier.at[wg])
+
+
+def wait_own(ready, wg):
+    """Returns once consumer ``wg``'s copies of `copy_own` have landed."""
     for barrier in ready:
         plgpu.barrier_wait(barrier.at[wg])
 
@@ -117,7 +123,7 @@ def segment_tiles(spec: MaskSpec, *shape: int):
 
 
 def own_barriers(tiles):
-    """A ready barrier per consumer for each of ``tiles`` (`load_own`)."""
+    """A ready barrier per consumer for each of ``tiles`` (`copy_own`)."""
     return tuple(plgpu.Barrier(num_barriers=CONSUMERS) for _ in tiles)
 
 
@@ -131,34 +137,105 @@ class Stream(NamedTuple):
     free: object
 
 
-def produce(steps, num_stages: int, streams: Sequence[Stream]):
+def produce(steps, num_stages: int, streams: Sequence[Stream], done=0):
     """The producer's loop: fill the ring, then refill each slot with the tiles of step
-    ``s`` once every consumer has freed that slot's tiles of step ``s - num_stages``."""
+    ``s`` once every consumer has freed that slot's tiles of step ``s - num_stages``.
+    ``done``: the steps the ring served before these (a persistent program's earlier
+    tiles, `Schedule`); step ``s`` takes slot ``(done + s) % num_stages``."""
 
-    def load(s, slot, wait: bool):
+    def load(s, wait):
+        slot = lax.rem(done + s, jnp.int32(num_stages))
         for stream in streams:
-            if wait:
+            if wait is True:
                 plgpu.barrier_wait(stream.free.at[slot])
+            elif wait is not False:
+                pl.when(wait)(functools.partial(plgpu.barrier_wait, stream.free.at[slot]))
             plgpu.copy_gmem_to_smem(stream.source(s), stream.tiles.at[slot], stream.ready.at[slot])
 
-    for s in range(num_stages):
-        pl.when(s < steps)(functools.partial(load, s, s, False))
+    if isinstance(done, int) and done == 0:
+        for s in range(num_stages):
+            pl.when(s < steps)(functools.partial(load, s, False))
 
-    @pl.loop(num_stages, jnp.maximum(steps, num_stages))
-    def _(s):
-        load(s, lax.rem(s, jnp.int32(num_stages)), True)
+        @pl.loop(num_stages, jnp.maximum(steps, num_stages))
+        def _(s):
+            load(s, True)
+
+    else:
+
+        @pl.loop(0, steps)
+        def _(s):
+            load(s, done + s >= num_stages)
 
 
-def key_spans(spec: MaskSpec, q_len: int, rows: int, block_k: int, bounds_ref=None):
-    """This program's query tile ``t`` of ``rows`` rows (the ``"q_tiles"`` axis, heaviest
-    first where the mask bounds keys on the right, as the Triton kernels), its spans of
-    key tiles (`MaskSpec.kv_spans`, within the runtime ``bounds_ref [1|batch, 1, tiles,
-    4]`` of `MaskSpec.tile_bounds` when given), the first of them and the number of steps."""
-    t = lax.axis_index("q_tiles")
-    if spec.right is not None:
-        t = cdiv(q_len, rows) - 1 - t
-    spans = spec.kv_spans(t, rows, block_k, tile_bounds(bounds_ref, t))
-    return t, spans, spans[0].start, spans[-1].stop - spans[0].start
+def query_tile(spec: MaskSpec, q_tiles: int, t):
+    """The query tile that grid index ``t`` runs: heaviest first where the mask bounds keys
+    on the right (so the last to start are short), as the Triton kernels."""
+    return t if spec.right is None else q_tiles - 1 - t
+
+
+def key_spans(spec: MaskSpec, rows: int, block_k: int, t, b, bounds_ref=None):
+    """Query tile ``t``'s (of ``rows`` rows, in batch element ``b``) spans of key tiles
+    (`MaskSpec.kv_spans`, within the runtime ``bounds_ref [1|batch, 1, tiles, 4]`` of
+    `MaskSpec.tile_bounds` when given), the first of them and the number of steps."""
+    spans = spec.kv_spans(t, rows, block_k, tile_bounds(bounds_ref, t, b))
+    return spans, spans[0].start, spans[-1].stop - spans[0].start
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """Which tiles of a grid ``tiles`` = (heads, query tiles, batch) each program runs.
+
+    ``programs`` None: one program per tile; the launch grid is ``tiles``, its axes
+    ``"heads"``, ``"q_tiles"``, ``"batch"``. Else ``programs`` persistent programs (the
+    ``"programs"`` axis): program ``p`` runs tiles ``p``, ``p + programs``, ... in the
+    order the hardware launches a grid (heads fastest), moving to its next tile without a
+    launch, its producer loading that tile's keys while its consumers finish the last.
+    """
+
+    tiles: tuple[int, int, int]
+    programs: int | None = None
+
+    def __post_init__(self):
+        if self.programs is not None and not 0 < self.programs <= math.prod(self.tiles):
+            raise ValueError(f"programs={self.programs} must be in [1, {math.prod(self.tiles)}] for tiles={self.tiles}")
+
+    @property
+    def grid(self) -> tuple[int, ...]:
+        return self.tiles if self.programs is None else (self.programs,)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return ("heads", "q_tiles", "batch") if self.programs is None else ("programs",)
+
+    def count(self):
+        """The number of tiles this program runs."""
+        if self.programs is None:
+            return 1
+        return lax.div(jnp.int32(math.prod(self.tiles) - 1) - lax.axis_index("programs"), jnp.int32(self.programs)) + 1
+
+    def index(self, i):
+        """``(head, query tile, batch)`` of this program's ``i``-th tile."""
+        if self.programs is None:
+            return tuple(lax.axis_index(name) for name in self.names)
+        heads, q_tiles, _ = self.tiles
+        linear = lax.axis_index("programs") + i * self.programs
+        return lax.rem(linear, heads), lax.rem(lax.div(linear, heads), q_tiles), lax.div(linear, heads * q_tiles)
+
+    def loop(self, body, carry):
+        """``body(i, carry)`` over this program's tiles ``i``; returns the last carry."""
+        if self.programs is None:
+            return body(0, carry)
+        return lax.fori_loop(jnp.int32(0), self.count(), body, carry)
+
+
+@functools.cache
+def multiprocessors() -> int:
+    """Streaming multiprocessors of this machine's first GPU (132 on an H100 or H200 SXM,
+    where no GPU answers)."""
+    try:
+        return jax.devices("gpu")[0].core_count
+    except (RuntimeError, AttributeError):
+        return 132
 
 
 def runtime_operands(inputs, spec: MaskSpec, q_len: int, kv_len: int, rows: int, keys: int, transposed: bool = False):
@@ -186,20 +263,19 @@ def runtime_refs(spec: MaskSpec, refs):
     return ids, lengths, refs.pop(0) if refs else None
 
 
-def read_lengths(lengths_ref):
-    """This program's ``(q_length, kv_length)`` scalars from ``[batch, 2]`` (None: None)."""
+def read_lengths(lengths_ref, b):
+    """Batch element ``b``'s ``(q_length, kv_length)`` scalars from ``[batch, 2]`` (None: None)."""
     if lengths_ref is None:
         return None
-    b = lax.axis_index("batch")
     return lengths_ref[b, 0], lengths_ref[b, 1]
 
 
-def tile_bounds(bounds_ref, tile):
-    """``(lo, full_lo, full_hi, hi)`` of ``tile`` in this program's batch element from
+def tile_bounds(bounds_ref, tile, b):
+    """``(lo, full_lo, full_hi, hi)`` of ``tile`` in batch element ``b`` from
     `MaskSpec.tile_bounds`' ``[1|batch, 1, tiles, 4]`` (None: None), read by each thread."""
     if bounds_ref is None:
         return None
-    b = lax.axis_index("batch") if bounds_ref.shape[0] > 1 else 0
+    b = b if bounds_ref.shape[0] > 1 else 0
     return tuple(bounds_ref[b, 0, tile, i] for i in range(4))
 
 
@@ -245,16 +321,14 @@ class KeyRing(NamedTuple):
     ready: tuple
     free: tuple
 
-    def produce(self, *, first, steps, group: int, block_k: int, num_stages: int):
-        """The producer warpgroup: key tiles ``first`` to ``first + steps - 1`` of this
-        program's batch element and kv head (of query head ``"heads"`` in ``group``)."""
-        plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
-        b, h_kv = lax.axis_index("batch"), lax.div(lax.axis_index("heads"), jnp.int32(group))
+    def produce(self, *, b, h_kv, first, steps, block_k: int, num_stages: int, done=0):
+        """The producer's part (`produce`, which ``done`` is passed to): key tiles
+        ``first`` to ``first + steps - 1`` of batch element ``b`` and kv head ``h_kv``."""
 
         def source(ref):
             return lambda s: rows_of(ref, b, pl.ds((first + s) * block_k, block_k), h_kv)
 
-        produce(steps, num_stages, [Stream(source(ref), *ring) for ref, *ring in zip(*self)])
+        produce(steps, num_stages, [Stream(source(ref), *ring) for ref, *ring in zip(*self)], done)
 
     def step_ids(self, slot, masked: bool):
         """`step_ids` of the keys' stream (None without segment ids)."""
@@ -273,9 +347,8 @@ class QueryRing(NamedTuple):
     free: tuple
 
     def produce(self, *, first, per_head, head0, heads: int, block_q: int, num_stages: int):
-        """The producer warpgroup: query tiles ``first`` to ``first + per_head - 1`` of
-        each of the ``heads`` query heads from ``head0``, in this program's batch element."""
-        plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
+        """The producer's part: query tiles ``first`` to ``first + per_head - 1`` of each
+        of the ``heads`` query heads from ``head0``, in this program's batch element."""
         b = lax.axis_index("batch")
 
         def source(ref):

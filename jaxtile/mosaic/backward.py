@@ -173,7 +173,8 @@ def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning):
     bq, bk, stages = tuning.block_q, tuning.dq_keys, tuning.num_stages
     rows = CONSUMERS * bq
     h, b, wg = lax.axis_index("heads"), lax.axis_index("batch"), lax.axis_index("wg")
-    t, spans, first, steps = _ring.key_spans(spec, dims.q_len, rows, bk, bounds_ref)
+    t = _ring.query_tile(spec, dims.q_len // rows, lax.axis_index("q_tiles"))
+    spans, first, steps = _ring.key_spans(spec, rows, bk, t, b, bounds_ref)
 
     @pl.when(wg < CONSUMERS)
     def _consumer():
@@ -181,11 +182,12 @@ def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning):
         row0 = t * rows + wg * bq
         # Q_i, dO_i, L_i, D_i (and the rows' segment ids), loaded once.
         sources = (q_ref, do_ref, lse2_ref, delta_ref, *ids[:1])
-        _ring.load_own([_ring.rows_of(ref, b, pl.ds(row0, bq), h) for ref in sources], own, own_ready, wg)
+        _ring.copy_own([_ring.rows_of(ref, b, pl.ds(row0, bq), h) for ref in sources], own, own_ready, wg)
+        _ring.wait_own(own_ready, wg)
         q_i, do_i = own[0].at[wg], own[1].at[wg]
         lse2, delta = _ring.load_stat(own[2].at[wg], 0), _ring.load_stat(own[3].at[wg], 0)
         q_segment = _ring.load_stat(own[4].at[wg], 0) if spec.has_segments else None
-        lengths = _ring.read_lengths(lengths_ref)
+        lengths = _ring.read_lengths(lengths_ref, b)
 
         def step(masked: bool, j, dq_i):
             slot = lax.rem(j - first, jnp.int32(stages))
@@ -219,7 +221,9 @@ def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning):
 
     @pl.when(wg == CONSUMERS)
     def _producer():
-        keys.produce(first=first, steps=steps, group=dims.group, block_k=bk, num_stages=stages)
+        plgpu.set_max_registers(_ring.PRODUCER_REGISTERS, action="decrease")
+        h_kv = lax.div(h, jnp.int32(dims.group))
+        keys.produce(b=b, h_kv=h_kv, first=first, steps=steps, block_k=bk, num_stages=stages)
 
 
 def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int):
@@ -241,7 +245,7 @@ def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int):
     share, b, wg = lax.axis_index("shares"), lax.axis_index("batch"), lax.axis_index("wg")
     h_kv = lax.div(share, jnp.int32(splits))
     j = lax.axis_index("kv_tiles")
-    spans = spec.q_spans(j, bq, keys, _ring.tile_bounds(bounds_ref, j))
+    spans = spec.q_spans(j, bq, keys, _ring.tile_bounds(bounds_ref, j, b))
     first, per_head = spans[0].start, spans[-1].stop - spans[0].start
     group = dims.group // splits
 
@@ -251,10 +255,11 @@ def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int):
         key0 = j * keys + wg * bk
         # Lines 6-7: load K_j, V_j (and the keys' segment ids); dK_j = dV_j = 0.
         sources = [_ring.rows_of(ref, b, pl.ds(key0, bk), h_kv) for ref in (k_ref, v_ref, *ids[1:])]
-        _ring.load_own(sources, (k_smem, v_smem, *own_ids), own_ready, wg)
+        _ring.copy_own(sources, (k_smem, v_smem, *own_ids), own_ready, wg)
+        _ring.wait_own(own_ready, wg)
         k_j, v_j = k_smem.at[wg], v_smem.at[wg]
         kv_segment = _ring.load_stat(own_ids[0].at[wg], 0) if spec.has_segments else None
-        lengths = _ring.read_lengths(lengths_ref)
+        lengths = _ring.read_lengths(lengths_ref, b)
 
         def step(g, masked: bool, i, carry):
             dk_j, dv_j = carry
@@ -310,6 +315,7 @@ def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int):
 
     @pl.when(wg == CONSUMERS)
     def _producer():
+        plgpu.set_max_registers(_ring.PRODUCER_REGISTERS, action="decrease")
         queries.produce(
             first=first, per_head=jnp.int32(per_head), head0=share * group, heads=group, block_q=bq, num_stages=stages
         )

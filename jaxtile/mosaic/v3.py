@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -53,6 +54,9 @@ class Tuning:
     block_q: query rows per consumer warpgroup (a program covers ``2 * block_q``).
     block_k: keys per tile of the producer's ring.
     num_stages: slots of the ring (key/value tiles in flight).
+    persistent: one program per multiprocessor, each running query tiles in turn
+      (`_ring.Schedule`), rather than one program per query tile; its output takes a
+      tile of shared memory of its own.
     backward: the backward kernels' (`jaxtile.mosaic.backward`); None for
       `default_backward_tuning` of the call's head dims.
     """
@@ -60,6 +64,7 @@ class Tuning:
     block_q: int = 64
     block_k: int = 128
     num_stages: int = 2
+    persistent: bool = False
     backward: BackwardTuning | None = None
 
     def __post_init__(self):
@@ -69,6 +74,8 @@ class Tuning:
                 raise ValueError(f"{name}={block!r} must be a positive multiple of {WGMMA_ROWS}")
         if not isinstance(self.num_stages, int) or self.num_stages < 2:
             raise ValueError(f"num_stages={self.num_stages!r} must be an int >= 2")
+        if not isinstance(self.persistent, bool):
+            raise ValueError(f"persistent={self.persistent!r} must be a bool")
 
     def backward_for(self, head_dim: int, head_dim_v: int) -> BackwardTuning:
         """`backward`, or `default_backward_tuning` of these (padded) head dims."""
@@ -77,17 +84,24 @@ class Tuning:
     def shared_memory(self, head_dim: int, head_dim_v: int, itemsize: int) -> int:
         """Bytes of the query/output tiles, the ring and the lse rows."""
         rows = CONSUMERS * self.block_q
-        q_o = rows * (head_dim + (head_dim_v if head_dim_v != head_dim else 0)) * itemsize
+        q_o = rows * (head_dim + (head_dim_v if self.own_output(head_dim, head_dim_v) else 0)) * itemsize
         ring = self.num_stages * self.block_k * (head_dim + head_dim_v) * itemsize
         return q_o + ring + rows * 4
 
+    def own_output(self, head_dim: int, head_dim_v: int) -> bool:
+        """Whether the output has a tile of its own rather than the queries'."""
+        return self.persistent or head_dim_v != head_dim
+
     def fit(self, head_dim: int, head_dim_v: int, itemsize: int) -> Tuning:
         """This tuning, or, where it does not fit in shared memory, the nearest that does:
-        fewer stages first (down to 2), then halved key tiles, then query tiles (down to 64)."""
+        fewer stages first (down to 2), then not persistent, then halved key tiles, then
+        query tiles (down to 64)."""
         tuning = self
         while tuning.shared_memory(head_dim, head_dim_v, itemsize) > SHARED_MEMORY:
             if tuning.num_stages > 2:
                 tuning = dataclasses.replace(tuning, num_stages=tuning.num_stages - 1)
+            elif tuning.persistent:
+                tuning = dataclasses.replace(tuning, persistent=False)
             elif tuning.block_k > WGMMA_ROWS:
                 tuning = dataclasses.replace(tuning, block_k=padded(tuning.block_k // 2, WGMMA_ROWS))
             elif tuning.block_q > WGMMA_ROWS:
@@ -104,19 +118,39 @@ class Tuning:
 _SHORT_CAUSAL = 4096
 
 
+# Persistent programs where every query tile visits the same few keys: at most this many,
+# with no causal edge and no segments or lengths to make tiles uneven (H100,
+# `bench/results/h100/persistent/`: the (256, 256) window 1.08x, (128, 128) 1.05x, head
+# dim 64 non-causal 1K 1.03x; causal calls and packed documents 0.75-0.97x, where
+# programs that each keep their own share of uneven tiles fall out of step).
+_PERSISTENT_KEYS = 1024
+
+
+def _persistent(spec: MaskSpec | None, rows: int) -> bool:
+    """Whether ``spec``'s query tiles of ``rows`` rows each visit the same `_PERSISTENT_KEYS`
+    or fewer keys."""
+    if spec is None or spec.right == 0 or spec.has_segments or spec.has_lengths:
+        return False
+    keys = spec.kv_len if spec.left is None or spec.right is None else min(spec.kv_len, spec.left + spec.right + rows)
+    return keys <= _PERSISTENT_KEYS
+
+
 def default_tuning(head_dim: int, head_dim_v: int, itemsize: int, spec: MaskSpec | None = None) -> Tuning:
     """The largest key tile (256, 128 or 64; at most 128 for causal masks over at most
     `_SHORT_CAUSAL` keys) whose two-stage ring fits beside the queries (and the
-    backward's default, `Tuning.backward_for`)."""
+    backward's default, `Tuning.backward_for`); persistent programs where `_persistent`
+    says and they fit."""
     short_causal = spec is not None and spec.right == 0 and spec.kv_len <= _SHORT_CAUSAL
+    tuning = Tuning(block_k=64)
     for block_k in (128, 64) if short_causal else (256, 128, 64):
         tuning = Tuning(block_k=block_k)
         if (
             block_k * (head_dim + head_dim_v) <= 256 * 128
             and tuning.shared_memory(head_dim, head_dim_v, itemsize) <= SHARED_MEMORY
         ):
-            return tuning
-    return Tuning(block_k=64)
+            break
+    persistent = _persistent(spec, CONSUMERS * tuning.block_q)
+    return dataclasses.replace(tuning, persistent=persistent).fit(head_dim, head_dim_v, itemsize)
 
 
 @functools.cache
@@ -134,10 +168,11 @@ def _requires(platform: str) -> str | None:
     return None if _hopper() else f"needs Hopper GPUs (sm_90) on {platform}"
 
 
-def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tuning):
-    """Algorithm 1 for one (query tile, batch, head): the producer's and both consumers'
-    parts, chosen by the warpgroup index. ``refs``: q, k, v, the runtime parts of the
-    mask the call has (`_ring.runtime_operands`), out, lse and the shared memory."""
+def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tuning, schedule: _ring.Schedule):
+    """Algorithm 1 for the (query tile, batch, head) tiles of this program (`Schedule`):
+    the producer's and both consumers' parts, chosen by the warpgroup index. ``refs``: q,
+    k, v, the runtime parts of the mask the call has (`_ring.runtime_operands`), out, lse
+    and the shared memory."""
     q_ref, k_ref, v_ref, *runtime, o_ref, lse_ref, scoped = refs
     ids, lengths_ref, bounds_ref = _ring.runtime_refs(spec, runtime)
     (own, ring, o_smem, lse_smem), (own_ready, ready, free), turn = scoped
@@ -145,8 +180,14 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
     keys = _ring.KeyRing((k_ref, v_ref, *ids[1:]), ring, ready, free)
     bq, bk, stages = tuning.block_q, tuning.block_k, tuning.num_stages
     rows = CONSUMERS * bq
-    h, b, wg = lax.axis_index("heads"), lax.axis_index("batch"), lax.axis_index("wg")
-    t, spans, first, steps = _ring.key_spans(spec, dims.q_len, rows, bk, bounds_ref)
+    wg = lax.axis_index("wg")
+    persistent = schedule.programs is not None
+
+    def tile(i):
+        """``(head, query tile, batch)`` of this program's ``i``-th tile, and its key spans."""
+        h, t, b = schedule.index(i)
+        t = _ring.query_tile(spec, schedule.tiles[1], t)
+        return (h, t, b), *_ring.key_spans(spec, rows, bk, t, b, bounds_ref)
 
     def take_turn():
         plgpu.barrier_arrive(turn)
@@ -155,88 +196,118 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
     @pl.when(wg < CONSUMERS)
     def _consumer():
         plgpu.set_max_registers(_ring.CONSUMER_REGISTERS, action="increase")
-        row0 = t * rows + wg * bq
-        # Line 4 (consumer): load Q_i (and the rows' segment ids); O_i = 0, l_i = 0, m_i = -inf.
-        sources = [_ring.rows_of(ref, b, pl.ds(row0, bq), h) for ref in (q_ref, *ids[:1])]
-        _ring.load_own(sources, own, own_ready, wg)
-        q_tile = own[0].at[wg]
-        q_segment = _ring.load_stat(own[1].at[wg], 0) if spec.has_segments else None
-        lengths = _ring.read_lengths(lengths_ref)
-        row_layout = plgpu.Layout.WGMMA.reduce(1)
-        carry = (
-            plgpu.layout_cast(jnp.zeros((bq, dims.head_dim_v), jnp.float32), plgpu.Layout.WGMMA),
-            plgpu.layout_cast(jnp.full((bq,), -jnp.inf, jnp.float32), row_layout),
-            plgpu.layout_cast(jnp.zeros((bq,), jnp.float32), row_layout),
-        )
 
-        @pl.when(steps > 0)
-        def _():
-            plgpu.barrier_wait(k_ready.at[0])
+        def load_q(i):
+            # Line 4 (consumer): load Q_i (and the rows' segment ids).
+            (h, t, b), *_ = tile(i)
+            sources = [_ring.rows_of(ref, b, pl.ds(t * rows + wg * bq, bq), h) for ref in (q_ref, *ids[:1])]
+            _ring.copy_own(sources, own, own_ready, wg)
 
-        pl.when(wg == 1)(take_turn)  # the second consumer starts half a step behind
+        def run(i, done):
+            (h, t, b), spans, first, steps = tile(i)
+            row0 = t * rows + wg * bq
+            if not persistent:
+                load_q(i)
+            _ring.wait_own(own_ready, wg)
+            q_tile = own[0].at[wg]
+            q_segment = _ring.load_stat(own[1].at[wg], 0) if spec.has_segments else None
+            lengths = _ring.read_lengths(lengths_ref, b)
+            # Line 4: O_i = 0, l_i = 0, m_i = -inf.
+            row_layout = plgpu.Layout.WGMMA.reduce(1)
+            carry = (
+                plgpu.layout_cast(jnp.zeros((bq, dims.head_dim_v), jnp.float32), plgpu.Layout.WGMMA),
+                plgpu.layout_cast(jnp.full((bq,), -jnp.inf, jnp.float32), row_layout),
+                plgpu.layout_cast(jnp.zeros((bq,), jnp.float32), row_layout),
+            )
 
-        def step(masked: bool, j, carry):
+            def slot_of(s):
+                return lax.rem(done + s, jnp.int32(stages))
+
+            @pl.when(steps > 0)
+            def _():
+                plgpu.barrier_wait(k_ready.at[slot_of(0)])
+
+            pl.when(wg == 1)(take_turn)  # the second consumer starts half a step behind
+
+            def step(masked: bool, j, carry):
+                acc, m_i, l_i = carry
+                s = j - first
+                slot = slot_of(s)
+
+                # Lines 7-8: S_ij = Q_i K_jᵀ; hand the tensor cores to the other consumer.
+                def qk(acc_ref):
+                    plgpu.wgmma(acc_ref, q_tile, k_smem.at[slot].transpose((1, 0)))
+                    take_turn()
+                    return acc_ref[...]
+
+                pre = logits.pre(pl.run_scoped(qk, plgpu.ACC((bq, bk), jnp.float32)))
+                plgpu.barrier_arrive(k_free.at[slot])
+                kv_segment = keys.step_ids(slot, masked)  # the keys' ids ride the ring
+                if masked:
+                    runtime = dict(lengths=lengths, own_ids=q_segment, step_ids=kv_segment)
+                    pre = jnp.where(_ring.visible(spec, (row0, j * bk), pre.shape, 0, **runtime), pre, -jnp.inf)
+                # Lines 9-10: online softmax in base 2 (a row that has seen nothing keeps
+                # m_i = -inf; its base is 0 so that no -inf - -inf is formed).
+                m_new = jnp.maximum(m_i, pre.max(axis=1) * logits.factor)
+                m_base = jnp.where(m_new == -jnp.inf, 0.0, m_new) if masked else m_new
+                p = jnp.exp2(pre * logits.factor - along(m_base, pre.shape, 0))
+                alpha = jnp.exp2(m_i - m_base)
+                acc = acc * along(alpha, acc.shape, 0)
+                l_i = l_i * alpha + p.sum(axis=1)
+                p = p.astype(q_ref.dtype)
+                acc, l_i, m_new, p = lax.optimization_barrier((acc, l_i, m_new, p))
+                plgpu.barrier_arrive(turn)  # softmax done
+                plgpu.barrier_wait(v_ready.at[slot])
+                plgpu.barrier_wait(turn)  # the tensor cores are ours again
+
+                # Line 10: O_i += P_ij V_j; meanwhile wait for the next key tile.
+                def pv(acc_ref):
+                    plgpu.wgmma(acc_ref, p, v_smem.at[slot])
+
+                    @pl.when(s + 1 < steps)
+                    def _():
+                        plgpu.barrier_wait(k_ready.at[slot_of(s + 1)])
+
+                acc = pl.run_state(pv)(plgpu.ACC.init(acc))
+                plgpu.barrier_arrive(v_free.at[slot])
+                return acc, m_new, l_i
+
+            for span in spans:
+                carry = lax.fori_loop(span.start, span.stop, functools.partial(step, span.masked), carry)
+            pl.when(wg == 0)(take_turn)
+            if persistent:  # Q_i is read no more: load the next tile's while this one ends
+                pl.when(i + 1 < schedule.count())(functools.partial(load_q, i + 1))
             acc, m_i, l_i = carry
-            s = j - first
-            slot = lax.rem(s, jnp.int32(stages))
+            # Lines 12-13: O_i = diag(l_i)^-1 O_i, L_i = m_i + log2(l_i) (natural log out).
+            empty = l_i == 0.0
+            out = acc / along(jnp.where(empty, 1.0, l_i), acc.shape, 0)
+            lse = jnp.where(empty, -jnp.inf, (m_i + jnp.log2(jnp.where(empty, 1.0, l_i))) * sm.LN2)
+            if persistent:  # the last tile's output has left shared memory
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+            o_tile = q_tile if o_smem is None else o_smem.at[wg]  # the queries' tile, when it fits
+            o_tile[...] = out.astype(o_ref.dtype)
+            lse_smem.at[wg][...] = lse
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(o_tile, o_ref.at[b, pl.ds(row0, bq), h])
+            plgpu.copy_smem_to_gmem(lse_smem.at[wg], lse_ref.at[b, h, pl.ds(row0, bq)])
+            return done + steps
 
-            # Lines 7-8: S_ij = Q_i K_jᵀ; hand the tensor cores to the other consumer.
-            def qk(acc_ref):
-                plgpu.wgmma(acc_ref, q_tile, k_smem.at[slot].transpose((1, 0)))
-                take_turn()
-                return acc_ref[...]
-
-            pre = logits.pre(pl.run_scoped(qk, plgpu.ACC((bq, bk), jnp.float32)))
-            plgpu.barrier_arrive(k_free.at[slot])
-            kv_segment = keys.step_ids(slot, masked)  # the keys' ids ride the ring
-            if masked:
-                runtime = dict(lengths=lengths, own_ids=q_segment, step_ids=kv_segment)
-                pre = jnp.where(_ring.visible(spec, (row0, j * bk), pre.shape, 0, **runtime), pre, -jnp.inf)
-            # Lines 9-10: online softmax in base 2 (a row that has seen nothing keeps
-            # m_i = -inf; its base is 0 so that no -inf - -inf is formed).
-            m_new = jnp.maximum(m_i, pre.max(axis=1) * logits.factor)
-            m_base = jnp.where(m_new == -jnp.inf, 0.0, m_new) if masked else m_new
-            p = jnp.exp2(pre * logits.factor - along(m_base, pre.shape, 0))
-            alpha = jnp.exp2(m_i - m_base)
-            acc = acc * along(alpha, acc.shape, 0)
-            l_i = l_i * alpha + p.sum(axis=1)
-            p = p.astype(q_ref.dtype)
-            acc, l_i, m_new, p = lax.optimization_barrier((acc, l_i, m_new, p))
-            plgpu.barrier_arrive(turn)  # softmax done
-            plgpu.barrier_wait(v_ready.at[slot])
-            plgpu.barrier_wait(turn)  # the tensor cores are ours again
-
-            # Line 10: O_i += P_ij V_j; meanwhile wait for the next key tile.
-            def pv(acc_ref):
-                plgpu.wgmma(acc_ref, p, v_smem.at[slot])
-
-                @pl.when(s + 1 < steps)
-                def _():
-                    plgpu.barrier_wait(k_ready.at[lax.rem(s + 1, jnp.int32(stages))])
-
-            acc = pl.run_state(pv)(plgpu.ACC.init(acc))
-            plgpu.barrier_arrive(v_free.at[slot])
-            return acc, m_new, l_i
-
-        for span in spans:
-            carry = lax.fori_loop(span.start, span.stop, functools.partial(step, span.masked), carry)
-        pl.when(wg == 0)(take_turn)
-        acc, m_i, l_i = carry
-        # Lines 12-13: O_i = diag(l_i)^-1 O_i, L_i = m_i + log2(l_i) (natural log out).
-        empty = l_i == 0.0
-        out = acc / along(jnp.where(empty, 1.0, l_i), acc.shape, 0)
-        lse = jnp.where(empty, -jnp.inf, (m_i + jnp.log2(jnp.where(empty, 1.0, l_i))) * sm.LN2)
-        o_tile = q_tile if o_smem is None else o_smem.at[wg]  # the queries' tile, when it fits
-        o_tile[...] = out.astype(o_ref.dtype)
-        lse_smem.at[wg][...] = lse
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(o_tile, o_ref.at[b, pl.ds(row0, bq), h])
-        plgpu.copy_smem_to_gmem(lse_smem.at[wg], lse_ref.at[b, h, pl.ds(row0, bq)])
+        if persistent:
+            load_q(0)
+        schedule.loop(run, 0)
         plgpu.wait_smem_to_gmem(0)
 
     @pl.when(wg == CONSUMERS)
     def _producer():
-        keys.produce(first=first, steps=steps, group=dims.group, block_k=bk, num_stages=stages)
+        plgpu.set_max_registers(_ring.PRODUCER_REGISTERS, action="decrease")
+
+        def run(i, done):
+            (h, _, b), _, first, steps = tile(i)
+            h_kv = lax.div(h, jnp.int32(dims.group))
+            keys.produce(b=b, h_kv=h_kv, first=first, steps=steps, block_k=bk, num_stages=stages, done=done)
+            return done + steps
+
+        schedule.loop(run, 0)
 
 
 def _tuning(
@@ -272,7 +343,12 @@ def forward_pass(inputs: Inputs, config: Config):
     k = pad_to(pad_to(inputs.k, 3, head_dim), 1, kv_len)
     v = pad_to(pad_to(inputs.v, 3, head_dim_v), 1, kv_len)
     dims_p = dataclasses.replace(dims, q_len=q_len, kv_len=kv_len, head_dim=head_dim, head_dim_v=head_dim_v)
-    kernel = functools.partial(_kernel, spec=config.mask, logits=config.logits, dims=dims_p, tuning=tuning)
+    tiles = (dims.num_heads, q_len // rows, dims.batch)
+    programs = min(_ring.multiprocessors(), math.prod(tiles)) if tuning.persistent else None
+    schedule = _ring.Schedule(tiles, programs)
+    kernel = functools.partial(
+        _kernel, spec=config.mask, logits=config.logits, dims=dims_p, tuning=tuning, schedule=schedule
+    )
     dtype = inputs.q.dtype
     bq, bk, stages = tuning.block_q, tuning.block_k, tuning.num_stages
     own = (smem(dtype, CONSUMERS, bq, head_dim), *_ring.segment_tiles(config.mask, CONSUMERS, bq))
@@ -285,14 +361,14 @@ def forward_pass(inputs: Inputs, config: Config):
             jax.ShapeDtypeStruct((dims.batch, q_len, dims.num_heads, head_dim_v), dtype),
             jax.ShapeDtypeStruct((dims.batch, dims.num_heads, q_len), jnp.float32),
         ),
-        (dims.num_heads, q_len // rows, dims.batch),
-        ("heads", "q_tiles", "batch"),
+        schedule.grid,
+        schedule.names,
         CONSUMERS,
         (
             (
                 own,
                 ring,
-                None if head_dim == head_dim_v else smem(dtype, CONSUMERS, bq, head_dim_v),
+                smem(dtype, CONSUMERS, bq, head_dim_v) if tuning.own_output(head_dim, head_dim_v) else None,
                 plgpu.SMEM((CONSUMERS, bq), jnp.float32),
             ),
             (_ring.own_barriers(own), *_ring.ring_barriers(ring)),
