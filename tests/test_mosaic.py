@@ -12,6 +12,7 @@ import types
 import jax
 import jax.numpy as jnp
 import pytest
+from jax_settings import SETTINGS
 
 import jaxtile
 from bench import tune
@@ -64,6 +65,16 @@ def test_the_forward_kernel_lowers_for_cuda(name, persistent):
     batch, q_len, heads, _ = inputs.q.shape
     assert out.shape == (batch, q_len, heads, inputs.v.shape[-1]) and out.dtype == inputs.q.dtype
     assert lse.shape == (batch, heads, q_len) and lse.dtype == jnp.float32
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_the_forward_kernel_lowers_under_every_jax_setting(setting, persistent):
+    """64-bit types by default and strict promotion leave the kernel's indices int32."""
+    with SETTINGS[setting]():
+        inputs, config = _call(*CALLS["window_gqa_ragged_d80_v48"], tuning=v3.Tuning(persistent=persistent))
+        lowered = jax.jit(lambda q, k, v: v3.forward_pass(Inputs(q, k, v), config)).trace(*inputs[:3])
+        assert "wgmma.mma_async" in lowered.lower(lowering_platforms=("cuda",)).as_text()
 
 
 RUNTIME = ["segments", "lengths", "segments+lengths"]

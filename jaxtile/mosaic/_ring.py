@@ -144,7 +144,7 @@ def produce(steps, num_stages: int, streams: Sequence[Stream], done=0):
     tiles, `Schedule`); step ``s`` takes slot ``(done + s) % num_stages``."""
 
     def load(s, wait):
-        slot = lax.rem(done + s, jnp.int32(num_stages))
+        slot = lax.rem(jnp.asarray(done + s, jnp.int32), jnp.int32(num_stages))
         for stream in streams:
             if wait is True:
                 plgpu.barrier_wait(stream.free.at[slot])
@@ -217,15 +217,17 @@ class Schedule:
         """``(head, query tile, batch)`` of this program's ``i``-th tile."""
         if self.programs is None:
             return tuple(lax.axis_index(name) for name in self.names)
-        heads, q_tiles, _ = self.tiles
-        linear = lax.axis_index("programs") + i * self.programs
+        heads, q_tiles, _ = (jnp.int32(n) for n in self.tiles)
+        linear = lax.axis_index("programs") + i * jnp.int32(self.programs)
         return lax.rem(linear, heads), lax.rem(lax.div(linear, heads), q_tiles), lax.div(linear, heads * q_tiles)
 
-    def loop(self, body, carry):
-        """``body(i, carry)`` over this program's tiles ``i``; returns the last carry."""
+    def loop(self, body):
+        """``body(i, done) -> done`` over this program's tiles ``i``, ``done`` counting the
+        steps of the ring before tile ``i`` (a Python 0 with one tile per program)."""
         if self.programs is None:
-            return body(0, carry)
-        return lax.fori_loop(jnp.int32(0), self.count(), body, carry)
+            body(0, 0)
+        else:
+            lax.fori_loop(jnp.int32(0), self.count(), body, jnp.int32(0))
 
 
 @functools.cache

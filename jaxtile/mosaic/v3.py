@@ -221,7 +221,7 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
             )
 
             def slot_of(s):
-                return lax.rem(done + s, jnp.int32(stages))
+                return lax.rem(jnp.asarray(done + s, jnp.int32), jnp.int32(stages))
 
             @pl.when(steps > 0)
             def _():
@@ -294,7 +294,7 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
 
         if persistent:
             load_q(0)
-        schedule.loop(run, 0)
+        schedule.loop(run)
         plgpu.wait_smem_to_gmem(0)
 
     @pl.when(wg == CONSUMERS)
@@ -307,7 +307,7 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
             keys.produce(b=b, h_kv=h_kv, first=first, steps=steps, block_k=bk, num_stages=stages, done=done)
             return done + steps
 
-        schedule.loop(run, 0)
+        schedule.loop(run)
 
 
 def _tuning(
