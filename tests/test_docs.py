@@ -12,22 +12,22 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_readme_performance_tables_are_generated_from_the_results():
-    results = json.loads((ROOT / "bench/results/h200/grid_cac0d9b/results.json").read_text())
+    results = json.loads((ROOT / "bench/results/h100/grid_b75ab63/results.json").read_text())
     readme = (ROOT / "README.md").read_text()
     section = readme.split("<!-- bench:begin -->\n")[1].split("<!-- bench:end -->")[0]
     assert section == report.render(results, focus="mosaic_v3"), (
-        "regenerate with: python -m bench.report bench/results/h200/grid_cac0d9b/results.json --focus mosaic_v3"
+        "regenerate with: python -m bench.report bench/results/h100/grid_b75ab63/results.json --focus mosaic_v3"
     )
 
 
 def test_readme_check_table_is_generated_from_the_results():
     from bench import check
 
-    results = json.loads((ROOT / "bench/results/h200/check_cac0d9b.json").read_text())
+    results = json.loads((ROOT / "bench/results/h100/check_f6a8398.json").read_text())
     readme = (ROOT / "README.md").read_text()
     section = readme.split("<!-- check:begin -->\n")[1].split("<!-- check:end -->")[0]
     assert section == check.render(results), (
-        "regenerate with: python -m bench.check --report bench/results/h200/check_cac0d9b.json"
+        "regenerate with: python -m bench.check --report bench/results/h100/check_f6a8398.json"
     )
 
 

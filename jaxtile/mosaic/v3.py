@@ -119,10 +119,10 @@ _SHORT_CAUSAL = 4096
 
 
 # Persistent programs where every query tile visits the same few keys: at most this many,
-# with no causal edge and no segments or lengths to make tiles uneven (H100,
-# `bench/results/h100/persistent/`: the (256, 256) window 1.08x, (128, 128) 1.05x, head
-# dim 64 non-causal 1K 1.03x; causal calls and packed documents 0.75-0.97x, where
-# programs that each keep their own share of uneven tiles fall out of step).
+# with no causal edge and no segments or lengths to make tiles uneven (two H100 runs,
+# `bench/results/h100/persistent/`: the (256, 256) window 1.06-1.08x, (128, 128)
+# 1.05-1.10x, non-causal 1K 0.99-1.03x; causal calls and packed documents 0.75-0.97x,
+# where programs that each keep their own share of uneven tiles fall out of step).
 _PERSISTENT_KEYS = 1024
 
 
