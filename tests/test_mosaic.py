@@ -11,6 +11,7 @@ import types
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from jax_settings import SETTINGS
 
@@ -236,12 +237,16 @@ def test_tiles_are_multiples_of_wgmma_s_rows():
     assert v3.Tuning(64, 64, 2, persistent=True).fit(256, 256, 2) == v3.Tuning(64, 64, 2)
 
 
-@pytest.mark.parametrize("tiles, programs", [((4, 3, 2), 5), ((1, 7, 1), 7), ((3, 1, 1), 1), ((2, 8, 3), 48)])
-def test_persistent_programs_run_every_tile_once_in_launch_order(tiles, programs):
+@pytest.mark.parametrize("snake", [False, True])
+@pytest.mark.parametrize(
+    "tiles, programs", [((4, 3, 2), 5), ((1, 7, 1), 7), ((3, 1, 1), 1), ((2, 8, 3), 48), ((5, 7, 1), 6)]
+)
+def test_persistent_programs_run_every_tile_once_in_rounds(tiles, programs, snake):
     """`Schedule`'s programs (the ``"programs"`` axis, here a vmap's) run every (head,
-    query tile, batch) of the grid once, each program's in the order a launch would
-    start them (heads fastest), and one program per tile without it."""
-    schedule = _ring.Schedule(tiles, programs)
+    query tile, batch) of the grid once, in rounds of the order a launch would start them
+    (heads fastest), every other one backwards when snaking; one program per tile without
+    programs."""
+    schedule = _ring.Schedule(tiles, programs, snake)
     assert schedule.grid == (programs,) and schedule.names == ("programs",)
     steps = -(-math.prod(tiles) // programs)
 
@@ -250,45 +255,53 @@ def test_persistent_programs_run_every_tile_once_in_launch_order(tiles, programs
         return schedule.count(), jnp.stack(indices)
 
     counts, indices = jax.vmap(program, axis_name="programs")(jnp.arange(programs))
-    ran = [tuple(int(x) for x in indices[p, i]) for p in range(programs) for i in range(int(counts[p]))]
     heads, q_tiles, _ = tiles
-    linear = sorted(h + heads * (t + q_tiles * b) for h, t, b in ran)
-    assert linear == list(range(math.prod(tiles))) and all(0 <= x < n for idx in ran for x, n in zip(idx, tiles))
-    assert all(indices[p, 0, 0] == p % heads for p in range(programs))
+    ran = []
+    for p in range(programs):
+        for i in range(int(counts[p])):
+            h, t, b = (int(x) for x in indices[p, i])
+            place = h + heads * (t + q_tiles * b)
+            assert place == i * programs + (programs - 1 - p if snake and i % 2 else p)
+            ran.append(place)
+    assert sorted(ran) == list(range(math.prod(tiles)))
     assert _ring.Schedule(tiles).grid == tiles and _ring.Schedule(tiles).names == ("heads", "q_tiles", "batch")
     with pytest.raises(ValueError, match=r"programs=0 must be in \[1, 24\] for tiles=\(4, 3, 2\)"):
         _ring.Schedule((4, 3, 2), 0)
 
 
-def test_short_causal_calls_take_key_tiles_of_at_most_128():
-    """Causal masks (and causal windows) over at most 4K keys default to 128-key tiles
-    where 256 would fit (measured, `v3._SHORT_CAUSAL`); longer or non-causal calls, and a
-    user's tuning, keep theirs."""
-    for (q_len, kv_len), options, block_k in (
-        ((1024, 1024), dict(causal=True), 128),
-        ((1, 4096), dict(causal=True), 128),
-        ((512, 512), dict(causal=True, window=(100, 0)), 128),
-        ((4097, 4097), dict(causal=True), 256),
-        ((1024, 1024), dict(), 256),
-        ((1024, 1024), dict(window=(100, 100)), 256),
-    ):
-        spec = MaskSpec.create(q_len, kv_len, **options)
-        assert v3._tuning(None, None, None, 64, 64, 2, spec).block_k == block_k, (q_len, kv_len, options)
-    assert v3._tuning(None, None, None, 128, 128, 2, MaskSpec.create(1024, 1024, causal=True)) == v3.Tuning()
-    short = MaskSpec.create(1024, 1024, causal=True)
-    assert v3._tuning(v3.Tuning(block_k=256), None, None, 64, 64, 2, short).block_k == 256
+def test_persistent_programs_even_out_their_shares_of_uneven_tiles():
+    """`Schedule.balanced` picks the count (at most the multiprocessors, at least 7/8 of
+    them) and order whose busiest program has the least work: equal tiles go round on
+    every multiprocessor; causal tiles (heaviest first) whose rounds would keep each
+    program on nearly the same query tile snake, on fewer programs where that evens
+    them out."""
+    assert _ring.Schedule.balanced((16, 8, 16), [1] * 8, 132) == _ring.Schedule((16, 8, 16), 132)
+    causal = [8 - t + 1 for t in range(8)]  # key tiles of a 1K causal call's query tiles, heaviest first, plus one
+    balanced = _ring.Schedule.balanced((16, 8, 16), causal, 132)
+    assert balanced == _ring.Schedule((16, 8, 16), 128, True)
+
+    def busiest(schedule):
+        place = np.arange(math.prod(schedule.tiles))
+        rounds, column = np.divmod(place, schedule.programs)
+        program = np.where(schedule.snake & (rounds % 2 == 1), schedule.programs - 1 - column, column)
+        return np.bincount(program, np.asarray(causal)[place // 16 % 8], schedule.programs).max()
+
+    assert busiest(balanced) < busiest(_ring.Schedule((16, 8, 16), 132)) / 1.3
+    assert _ring.Schedule.balanced((2, 2, 1), [1, 1], 132) == _ring.Schedule((2, 2, 1), 4)
 
 
-def test_persistent_programs_by_default_where_query_tiles_visit_the_same_few_keys():
-    """Calls whose query tiles each visit the same 1024 keys or fewer (no causal edge, no
-    segments or lengths) default to persistent programs (measured,
-    `v3._PERSISTENT_KEYS`), where their output tile fits; a user's tuning keeps its own."""
+def test_persistent_programs_by_default_where_query_tiles_visit_few_keys():
+    """Calls whose query tiles each visit 2048 keys or fewer, with no segments or lengths,
+    default to persistent programs (measured, `v3._PERSISTENT_KEYS`), where their output
+    tile fits; a user's tuning keeps its own."""
     for (q_len, kv_len), options, head_dim, persistent in (
         ((16384, 16384), dict(window=(256, 256)), 128, True),
+        ((16384, 16384), dict(causal=True, window=(1023, 0)), 128, True),
         ((1024, 1024), dict(), 64, True),
+        ((2048, 2048), dict(causal=True), 128, True),
         ((1, 1024), dict(), 128, True),
         ((4096, 4096), dict(), 64, False),
-        ((1024, 1024), dict(causal=True), 64, False),
+        ((4096, 4096), dict(causal=True), 64, False),
         ((16384, 16384), dict(window=(1000, 1000)), 128, False),
         ((16384, 16384), dict(window=(256, 256)), 256, False),  # no room for the output's tile
         ((1024, 1024), dict(has_segments=True), 128, False),

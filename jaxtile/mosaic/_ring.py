@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu  # the Pallas API of jax 0.10.2 to 0.12
@@ -187,17 +188,39 @@ class Schedule:
 
     ``programs`` None: one program per tile; the launch grid is ``tiles``, its axes
     ``"heads"``, ``"q_tiles"``, ``"batch"``. Else ``programs`` persistent programs (the
-    ``"programs"`` axis): program ``p`` runs tiles ``p``, ``p + programs``, ... in the
-    order the hardware launches a grid (heads fastest), moving to its next tile without a
-    launch, its producer loading that tile's keys while its consumers finish the last.
+    ``"programs"`` axis) run the tiles in rounds, one tile each per round, in the order
+    the hardware launches a grid (heads fastest), every other round backwards if
+    ``snake``. A program moves to its next tile without a launch, its producer loading
+    that tile's keys while its consumers finish the last.
     """
 
     tiles: tuple[int, int, int]
     programs: int | None = None
+    snake: bool = False
 
     def __post_init__(self):
         if self.programs is not None and not 0 < self.programs <= math.prod(self.tiles):
             raise ValueError(f"programs={self.programs} must be in [1, {math.prod(self.tiles)}] for tiles={self.tiles}")
+
+    @classmethod
+    def balanced(cls, tiles: tuple[int, int, int], work: Sequence[float], most: int) -> Schedule:
+        """The persistent schedule of at most ``most`` programs (and at least 7/8 of them),
+        in rounds or snaking, whose busiest program has the least work, ``work[t]``
+        estimating a tile of grid index ``t`` along the query tiles (where programs
+        keep their own share of uneven tiles, their count and order set how even the
+        shares are); the most programs among equals."""
+        heads, q_tiles, _ = tiles
+        n = math.prod(tiles)
+        per_tile = np.asarray(work, np.float64)[np.arange(n) // heads % q_tiles]
+        best = None
+        for programs in range(min(most, n), max(1, min(most, n) * 7 // 8) - 1, -1):
+            rounds, column = np.divmod(np.arange(n), programs)
+            for snake in (False, True):
+                program = np.where(snake & (rounds % 2 == 1), programs - 1 - column, column)
+                busiest = np.bincount(program, per_tile, programs).max()
+                if best is None or busiest < best[0]:
+                    best = (busiest, cls(tiles, programs, snake))
+        return best[1]
 
     @property
     def grid(self) -> tuple[int, ...]:
@@ -207,18 +230,27 @@ class Schedule:
     def names(self) -> tuple[str, ...]:
         return ("heads", "q_tiles", "batch") if self.programs is None else ("programs",)
 
+    def _linear(self, i):
+        """The place in launch order of this program's tile in round ``i``."""
+        i, programs, p = jnp.asarray(i, jnp.int32), jnp.int32(self.programs), lax.axis_index("programs")
+        if not self.snake:
+            return i * programs + p
+        return i * programs + jnp.where(lax.rem(i, jnp.int32(2)) == 1, programs - 1 - p, p)
+
     def count(self):
         """The number of tiles this program runs."""
         if self.programs is None:
             return 1
-        return lax.div(jnp.int32(math.prod(self.tiles) - 1) - lax.axis_index("programs"), jnp.int32(self.programs)) + 1
+        rounds = math.prod(self.tiles) // self.programs  # the last, partial round: a tile for some
+        partial = self._linear(rounds) < math.prod(self.tiles)
+        return jnp.int32(rounds) + partial.astype(jnp.int32)
 
     def index(self, i):
         """``(head, query tile, batch)`` of this program's ``i``-th tile."""
         if self.programs is None:
             return tuple(lax.axis_index(name) for name in self.names)
         heads, q_tiles, _ = (jnp.int32(n) for n in self.tiles)
-        linear = lax.axis_index("programs") + i * jnp.int32(self.programs)
+        linear = self._linear(i)
         return lax.rem(linear, heads), lax.rem(lax.div(linear, heads), q_tiles), lax.div(linear, heads * q_tiles)
 
     def loop(self, body):

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -118,18 +117,19 @@ class Tuning:
 _SHORT_CAUSAL = 4096
 
 
-# Persistent programs where every query tile visits the same few keys: at most this many,
-# with no causal edge and no segments or lengths to make tiles uneven (two H100 runs,
-# `bench/results/h100/persistent/`: the (256, 256) window 1.06-1.08x, (128, 128)
-# 1.05-1.10x, non-causal 1K 0.99-1.03x; causal calls and packed documents 0.75-0.97x,
-# where programs that each keep their own share of uneven tiles fall out of step).
-_PERSISTENT_KEYS = 1024
+# Persistent programs (`Schedule.balanced`) where every query tile visits at most this
+# many keys and no segments or lengths make tiles uneven in ways the host cannot see
+# (H100, `bench/results/h100/persistent/`, against one program per tile: causal 1K and
+# 2K 1.04-1.12x, the (1023, 0) window 1.06x, the (256, 256) window 1.05-1.08x,
+# non-causal 1K and 2K 0.99-1.03x; causal 4K 0.97-1.01x, causal 16K 0.95x, non-causal 4K
+# and 16K 0.94-0.97x, packed documents 0.75x).
+_PERSISTENT_KEYS = 2048
 
 
 def _persistent(spec: MaskSpec | None, rows: int) -> bool:
-    """Whether ``spec``'s query tiles of ``rows`` rows each visit the same `_PERSISTENT_KEYS`
-    or fewer keys."""
-    if spec is None or spec.right == 0 or spec.has_segments or spec.has_lengths:
+    """Whether each of ``spec``'s query tiles of ``rows`` rows visits at most
+    `_PERSISTENT_KEYS` keys, with no segments or lengths."""
+    if spec is None or spec.has_segments or spec.has_lengths:
         return False
     keys = spec.kv_len if spec.left is None or spec.right is None else min(spec.kv_len, spec.left + spec.right + rows)
     return keys <= _PERSISTENT_KEYS
@@ -329,6 +329,15 @@ def _tuning(
     return dataclasses.replace(tuning, **blocks).fit(head_dim, head_dim_v, itemsize)
 
 
+def _key_tiles(spec: MaskSpec, q_tiles: int, rows: int, block_k: int) -> list[int]:
+    """A tile's work for `Schedule.balanced`, by its grid index along the query tiles: the
+    key tiles it visits where only positions mask them (`MaskSpec.kv_spans`; segments
+    and lengths visit fewer), plus one for what a tile costs besides its steps."""
+    with jax.ensure_compile_time_eval():
+        spans = [spec.kv_spans(_ring.query_tile(spec, q_tiles, t), rows, block_k) for t in range(q_tiles)]
+        return [int(s[-1].stop) - int(s[0].start) + 1 for s in spans]
+
+
 def forward_pass(inputs: Inputs, config: Config):
     """The forward kernel: ``out [batch, q_len, heads, head_dim_v]`` in the query's dtype
     and the natural-log ``lse [batch, heads, q_len]``. Head dims are zero-padded to
@@ -344,8 +353,10 @@ def forward_pass(inputs: Inputs, config: Config):
     v = pad_to(pad_to(inputs.v, 3, head_dim_v), 1, kv_len)
     dims_p = dataclasses.replace(dims, q_len=q_len, kv_len=kv_len, head_dim=head_dim, head_dim_v=head_dim_v)
     tiles = (dims.num_heads, q_len // rows, dims.batch)
-    programs = min(_ring.multiprocessors(), math.prod(tiles)) if tuning.persistent else None
-    schedule = _ring.Schedule(tiles, programs)
+    schedule = _ring.Schedule(tiles)
+    if tuning.persistent:
+        work = _key_tiles(config.mask, tiles[1], rows, tuning.block_k)
+        schedule = _ring.Schedule.balanced(tiles, work, _ring.multiprocessors())
     kernel = functools.partial(
         _kernel, spec=config.mask, logits=config.logits, dims=dims_p, tuning=tuning, schedule=schedule
     )
