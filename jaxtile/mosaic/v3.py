@@ -1,7 +1,8 @@
 """``implementation="mosaic_v3"``: FlashAttention-3 as Pallas Mosaic GPU kernels.
 
 Shah et al. (2024), Algorithm 1 (forward with warp specialisation and ping-pong
-scheduling), for Hopper GPUs (sm_90). One program per (query tile, batch, head) runs
+scheduling), for Hopper GPUs (sm_90). A program runs one (query tile, batch, head), or
+with persistent programs (`Tuning.persistent`, `_ring.Schedule`) several in turn, on
 three warpgroups:
 
 * a producer, which issues TMA copies of the key tiles ``K_j`` and value tiles ``V_j``
