@@ -205,22 +205,23 @@ class Schedule:
     @classmethod
     def balanced(cls, tiles: tuple[int, int, int], work: Sequence[float], most: int) -> Schedule:
         """The persistent schedule of at most ``most`` programs (and at least 7/8 of them),
-        in rounds or snaking, whose busiest program has the least work, ``work[t]``
-        estimating a tile of grid index ``t`` along the query tiles (where programs
-        keep their own share of uneven tiles, their count and order set how even the
-        shares are); the most programs among equals."""
-        heads, q_tiles, _ = tiles
-        n = math.prod(tiles)
-        per_tile = np.asarray(work, np.float64)[np.arange(n) // heads % q_tiles]
-        best = None
-        for programs in range(min(most, n), max(1, min(most, n) * 7 // 8) - 1, -1):
-            rounds, column = np.divmod(np.arange(n), programs)
-            for snake in (False, True):
-                program = np.where(snake & (rounds % 2 == 1), programs - 1 - column, column)
-                busiest = np.bincount(program, per_tile, programs).max()
-                if best is None or busiest < best[0]:
-                    best = (busiest, cls(tiles, programs, snake))
-        return best[1]
+        in rounds or snaking, whose `busiest` program has the least ``work`` (where
+        programs keep their own share of uneven tiles, their count and order set how even
+        the shares are); the most programs, in rounds, among equals."""
+        most = min(most, math.prod(tiles))
+        candidates = [
+            cls(tiles, p, snake) for p in range(most, max(1, most * 7 // 8) - 1, -1) for snake in (False, True)
+        ]
+        return min(candidates, key=lambda schedule: schedule.busiest(work))
+
+    def busiest(self, work: Sequence[float]) -> float:
+        """The most work any of the persistent programs does, ``work[t]`` estimating a tile
+        of grid index ``t`` along the query tiles."""
+        heads, q_tiles, _ = self.tiles
+        place = np.arange(math.prod(self.tiles))
+        rounds, column = np.divmod(place, self.programs)
+        program = np.where(self.snake & (rounds % 2 == 1), self.programs - 1 - column, column)
+        return np.bincount(program, np.asarray(work, np.float64)[place // heads % q_tiles], self.programs).max()
 
     @property
     def grid(self) -> tuple[int, ...]:

@@ -33,6 +33,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu  # the Pallas API of jax 0.10.2 to 0.12
@@ -330,13 +331,14 @@ def _tuning(
     return dataclasses.replace(tuning, **blocks).fit(head_dim, head_dim_v, itemsize)
 
 
-def _key_tiles(spec: MaskSpec, q_tiles: int, rows: int, block_k: int) -> list[int]:
+def _key_tiles(spec: MaskSpec, q_tiles: int, rows: int, block_k: int) -> np.ndarray:
     """A tile's work for `Schedule.balanced`, by its grid index along the query tiles: the
-    key tiles it visits where only positions mask them (`MaskSpec.kv_spans`; segments
-    and lengths visit fewer), plus one for what a tile costs besides its steps."""
+    key tiles it visits where only positions mask them (`MaskSpec.kv_spans` of every
+    query tile at once; segments and lengths visit fewer), plus one for what a tile costs
+    besides its steps."""
     with jax.ensure_compile_time_eval():
-        spans = [spec.kv_spans(_ring.query_tile(spec, q_tiles, t), rows, block_k) for t in range(q_tiles)]
-        return [int(s[-1].stop) - int(s[0].start) + 1 for s in spans]
+        spans = spec.kv_spans(_ring.query_tile(spec, q_tiles, np.arange(q_tiles)), rows, block_k)
+        return np.broadcast_to(np.asarray(spans[-1].stop) - np.asarray(spans[0].start) + 1, (q_tiles,))
 
 
 def forward_pass(inputs: Inputs, config: Config):
