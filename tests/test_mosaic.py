@@ -19,7 +19,7 @@ from bench import tune
 from jaxtile import registry
 from jaxtile._core import Config, Inputs, Shape
 from jaxtile._softmax import Logits
-from jaxtile.mask import MaskSpec
+from jaxtile.mask import MaskSpec, TileSpan
 from jaxtile.mosaic import _ring, v3
 from jaxtile.mosaic import backward as mosaic_backward
 from parity.case import Case
@@ -39,17 +39,22 @@ CALLS = {
 
 def _call(q_shape, kv_len, kv_heads, head_dim_v, causal, window, soft_cap, dtype, runtime="", **config):
     """Abstract inputs and the config of a call; ``runtime`` names the runtime parts of
-    its mask: ``"segments"`` (ids of the queries and the keys), ``"lengths"`` or both."""
-    batch, q_len, _, head_dim = q_shape
+    its mask: ``"segments"`` (ids of the queries and the keys), ``"lengths"``, ``"dense"``
+    (a mask per head, ``"dense1"`` one broadcast over batch and heads) or several."""
+    batch, q_len, heads, head_dim = q_shape
     q = jax.ShapeDtypeStruct(q_shape, dtype)
     k = jax.ShapeDtypeStruct((batch, kv_len, kv_heads, head_dim), dtype)
     v = jax.ShapeDtypeStruct((batch, kv_len, kv_heads, head_dim_v), dtype)
-    segments, lengths = "segments" in runtime, "lengths" in runtime
+    segments, lengths, dense = "segments" in runtime, "lengths" in runtime, "dense" in runtime
     ids = [jax.ShapeDtypeStruct((batch, n), jnp.int32) if segments else None for n in (q_len, kv_len)]
     lengths_array = jax.ShapeDtypeStruct((batch, 2), jnp.int32) if lengths else None
-    spec = MaskSpec.create(q_len, kv_len, causal=causal, window=window, has_segments=segments, has_lengths=lengths)
+    mask_shape = (1, 1, q_len, kv_len) if "dense1" in runtime else (batch, heads, q_len, kv_len)
+    mask = jax.ShapeDtypeStruct(mask_shape, jnp.bool_) if dense else None
+    spec = MaskSpec.create(
+        q_len, kv_len, causal=causal, window=window, has_segments=segments, has_lengths=lengths, has_dense_mask=dense
+    )
     config = Config(spec, Logits(head_dim**-0.5, soft_cap), platform="gpu", **config)
-    return Inputs(q, k, v, *ids, lengths=lengths_array), config
+    return Inputs(q, k, v, *ids, mask=mask, lengths=lengths_array), config
 
 
 @pytest.mark.parametrize("persistent", [False, True])
@@ -81,12 +86,12 @@ RUNTIME = ["segments", "lengths", "segments+lengths"]
 
 
 @pytest.mark.parametrize("persistent", [False, True])
-@pytest.mark.parametrize("runtime", RUNTIME)
+@pytest.mark.parametrize("runtime", [*RUNTIME, "dense", "dense1+lengths", "dense+segments"])
 @pytest.mark.parametrize("name", ["causal", "window_gqa_ragged_d80_v48", "two_sided_window_soft_cap"])
 def test_the_forward_kernel_lowers_with_runtime_masks(name, runtime, persistent):
-    """With segment ids or lengths the kernel also reads the tile bounds they give
-    (`MaskSpec.tile_bounds`), and the rows' ids and a ring of the keys' ids, or the
-    lengths."""
+    """With segment ids, lengths or a dense mask the kernel also reads the tile bounds
+    they give (`MaskSpec.tile_bounds`), and the rows' ids and a ring of the keys' ids, the
+    lengths, or a ring of the dense mask's tiles (in 64-key tiles too: the d80 call's)."""
     inputs, config = _call(*CALLS[name], runtime=runtime, tuning=v3.Tuning(persistent=persistent))
 
     def forward(inputs):
@@ -101,6 +106,19 @@ def test_the_forward_kernel_lowers_with_runtime_masks(name, runtime, persistent)
         inputs.q.shape[2],
         inputs.q.shape[1],
     )
+
+
+def test_a_dense_mask_rides_the_ring_on_masked_steps_only():
+    """The producer copies a dense mask's tile on the steps of masked spans alone (an
+    interior tile is whole, and its mask never read); on the others it arrives on the
+    slot's ready barrier without a copy, so the consumers, who wait on every step, keep
+    pace. A mask broadcast over batch and heads is read at batch element and head 0."""
+    spans = (TileSpan(2, 4, True), TileSpan(4, 9, False), TileSpan(9, 10, True))
+    ref = types.SimpleNamespace(shape=(1, 1, 256, 2048))
+    where = dict(b=3, h=5, row0=128, rows=128, first=2, block_k=128)
+    stream = _ring.dense_stream(ref, (None, None, None), spans, **where)
+    copies = [bool(stream.copies(jnp.int32(s))) for s in range(8)]
+    assert copies == [True, True, False, False, False, False, False, True]
 
 
 @pytest.mark.parametrize("dq_block_k", [None, 128])
@@ -127,16 +145,22 @@ def test_the_backward_kernels_lower_for_cuda(name, runtime, dq_block_k):
 
 
 def test_the_backward_takes_the_triton_kernels_where_its_tiles_do_not_fit(monkeypatch):
-    """Head dims past 128 (dK_j and dV_j would not fit in a consumer's registers) go to
-    the Triton family's backward, with the call's tuning dropped where it is Mosaic's."""
+    """Head dims past 128 (dK_j and dV_j would not fit in a consumer's registers) and dense
+    masks go to the Triton family's backward, with the call's tuning dropped where it is
+    Mosaic's."""
     calls = []
     monkeypatch.setattr(v3, "backward_pass", lambda *args: calls.append("mosaic") or (None,) * 3)
     triton = types.SimpleNamespace(backward=lambda *args: calls.append(("triton", args[-1].tuning)) or (None,) * 4)
     monkeypatch.setattr(v3, "triton_v2", types.SimpleNamespace(IMPLEMENTATION=triton))
-    for name, tuning in (("causal", v3.Tuning()), ("d256_causal", v3.Tuning()), ("d256_causal", "autotune")):
-        inputs, config = _call(*CALLS[name], tuning=tuning)
+    for name, tuning, runtime in (
+        ("causal", v3.Tuning(), ""),
+        ("d256_causal", v3.Tuning(), ""),
+        ("d256_causal", "autotune", ""),
+        ("causal", v3.Tuning(), "dense"),
+    ):
+        inputs, config = _call(*CALLS[name], runtime=runtime, tuning=tuning)
         v3._backward(inputs, None, None, None, None, config)
-    assert calls == ["mosaic", ("triton", None), ("triton", "autotune")]
+    assert calls == ["mosaic", ("triton", None), ("triton", "autotune"), ("triton", None)]
 
 
 def test_backward_tiles_fit_as_measured():
@@ -178,8 +202,8 @@ def test_the_dkdv_kernel_shares_a_kv_heads_query_heads_when_programs_are_few():
 
 
 def test_it_is_the_default_on_hopper_for_the_calls_it_supports(monkeypatch):
-    """On Hopper, the calls its record declares (segment ids and lengths among them);
-    split-KV decoding keeps short queries, and everything else (float32, dense masks,
+    """On Hopper, the calls its record declares (segment ids, lengths and dense masks
+    among them); split-KV decoding keeps short queries, and everything else (float32,
     other GPUs) falls back to the Triton family."""
     monkeypatch.setattr(v3, "_hopper", lambda: True)
 
@@ -193,7 +217,7 @@ def test_it_is_the_default_on_hopper_for_the_calls_it_supports(monkeypatch):
     assert chosen(q_len=1) == "pallas_decode"
     assert chosen(dtype=jnp.float32) == "pallas_v2"
     assert chosen(has_segments=True) == "mosaic_v3"
-    assert chosen(has_dense_mask=True) == "pallas_v2"
+    assert chosen(has_dense_mask=True) == "mosaic_v3"
     assert chosen(has_lengths=True) == "mosaic_v3"
     monkeypatch.setattr(v3, "_hopper", lambda: False)
     assert chosen() == "pallas_v2"
@@ -234,6 +258,15 @@ def test_tiles_are_multiples_of_wgmma_s_rows():
     assert v3.Tuning(persistent=True).shared_memory(128, 128, 2) == v3.Tuning().shared_memory(128, 128, 2) + output
     assert v3.Tuning(64, 128, 3, persistent=True).fit(128, 128, 2) == v3.Tuning(64, 128, 2, persistent=True)
     assert v3.Tuning(64, 64, 2, persistent=True).fit(256, 256, 2) == v3.Tuning(64, 64, 2)
+    # A dense mask's ring of int8 tiles, 128 rows by the key tile, takes its room too.
+    dense_ring = 2 * 128 * 128
+    assert v3.Tuning().shared_memory(128, 128, 2, dense=True) == v3.Tuning().shared_memory(128, 128, 2) + dense_ring
+    assert v3.Tuning(64, 256, 3).fit(64, 64, 2) == v3.Tuning(64, 256, 3)
+    assert v3.Tuning(64, 256, 3).fit(64, 64, 2, dense=True) == v3.Tuning(64, 256, 2)
+    for head_dim in (64, 128, 256):
+        dense = MaskSpec.create(4096, 4096, has_dense_mask=True)
+        tuning = v3._tuning(None, None, None, head_dim, head_dim, 2, dense)
+        assert tuning.shared_memory(head_dim, head_dim, 2, dense=True) <= _ring.SHARED_MEMORY
 
 
 @pytest.mark.parametrize("snake", [False, True])
@@ -289,7 +322,7 @@ def test_persistent_programs_even_out_their_shares_of_uneven_tiles():
 
 
 def test_persistent_programs_by_default_where_query_tiles_visit_few_keys():
-    """Calls whose query tiles each visit 2048 keys or fewer, with no segments or lengths,
+    """Calls whose query tiles each visit 2048 keys or fewer, with no runtime mask,
     default to persistent programs (measured, `v3._PERSISTENT_KEYS`), where their output
     tile fits; a user's tuning keeps its own."""
     for (q_len, kv_len), options, head_dim, persistent in (
@@ -304,6 +337,7 @@ def test_persistent_programs_by_default_where_query_tiles_visit_few_keys():
         ((16384, 16384), dict(window=(256, 256)), 256, False),  # no room for the output's tile
         ((1024, 1024), dict(has_segments=True), 128, False),
         ((1024, 1024), dict(has_lengths=True), 128, False),
+        ((1024, 1024), dict(has_dense_mask=True), 128, False),
     ):
         spec = MaskSpec.create(q_len, kv_len, **options)
         tuning = v3._tuning(None, None, None, head_dim, head_dim, 2, spec)

@@ -69,10 +69,11 @@ def along(x, shape: tuple[int, int], axis: int):
 
 
 def smem(dtype, *shape):
-    """A shared-memory tile whose last dim (a multiple of 128 bytes) is swizzled for
-    ``wgmma`` and TMA."""
-    tiling = plgpu.TilingTransform((8, 128 // jnp.dtype(dtype).itemsize))
-    return plgpu.SMEM(shape, dtype, transforms=(tiling, plgpu.SwizzleTransform(128)))
+    """A shared-memory tile whose last dim (a multiple of 128 bytes, or of 64) is swizzled
+    for ``wgmma`` and TMA."""
+    swizzle = math.gcd(128, shape[-1] * jnp.dtype(dtype).itemsize)
+    tiling = plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize))
+    return plgpu.SMEM(shape, dtype, transforms=(tiling, plgpu.SwizzleTransform(swizzle)))
 
 
 def iotas(shape: tuple[int, int], row0, col0):
@@ -91,7 +92,10 @@ def load_stat(ref, axis: int):
     """A ``[n]`` float32 vector from shared memory, laid out to broadcast along ``axis`` of
     a ``wgmma`` tile (`along`): 0 for a statistic of rows, 1 of columns. (jax 0.10 takes
     the index separately; later versions take the indexed ref and deprecate the index.)"""
-    layout = plgpu.Layout.WGMMA.reduce(1 - axis)
+    return _load(ref, plgpu.Layout.WGMMA.reduce(1 - axis))
+
+
+def _load(ref, layout):
     if _load_takes_index():
         return plgpu.load(ref, (), layout=layout)
     return plgpu.load(ref, layout=layout)
@@ -130,12 +134,16 @@ def own_barriers(tiles):
 
 class Stream(NamedTuple):
     """One operand of the ring: ``source(s)`` is the gmem ref view of step ``s``'s tile,
-    copied into ``tiles.at[slot]``; ``ready`` and ``free`` hold a barrier per slot."""
+    copied into ``tiles.at[slot]``; ``ready`` and ``free`` hold a barrier per slot.
+    ``copies(s)``, where given, says whether step ``s`` copies its tile at all: on the
+    steps it does not, the producer arrives on the slot's ready barrier without a copy,
+    so that the barriers keep pace with the other operands' (`step_tile`)."""
 
     source: Callable
     tiles: object
     ready: object
     free: object
+    copies: Callable | None = None
 
 
 def produce(steps, num_stages: int, streams: Sequence[Stream], done=0):
@@ -151,7 +159,15 @@ def produce(steps, num_stages: int, streams: Sequence[Stream], done=0):
                 plgpu.barrier_wait(stream.free.at[slot])
             elif wait is not False:
                 pl.when(wait)(functools.partial(plgpu.barrier_wait, stream.free.at[slot]))
-            plgpu.copy_gmem_to_smem(stream.source(s), stream.tiles.at[slot], stream.ready.at[slot])
+            copy = functools.partial(
+                plgpu.copy_gmem_to_smem, stream.source(s), stream.tiles.at[slot], stream.ready.at[slot]
+            )
+            if stream.copies is None:
+                copy()
+            else:
+                copies = stream.copies(s)
+                pl.when(copies)(copy)
+                pl.when(jnp.logical_not(copies))(functools.partial(plgpu.barrier_arrive, stream.ready.at[slot]))
 
     if isinstance(done, int) and done == 0:
         for s in range(num_stages):
@@ -174,11 +190,12 @@ def query_tile(spec: MaskSpec, q_tiles: int, t):
     return t if spec.right is None else q_tiles - 1 - t
 
 
-def key_spans(spec: MaskSpec, rows: int, block_k: int, t, b, bounds_ref=None):
-    """Query tile ``t``'s (of ``rows`` rows, in batch element ``b``) spans of key tiles
-    (`MaskSpec.kv_spans`, within the runtime ``bounds_ref [1|batch, 1, tiles, 4]`` of
-    `MaskSpec.tile_bounds` when given), the first of them and the number of steps."""
-    spans = spec.kv_spans(t, rows, block_k, tile_bounds(bounds_ref, t, b))
+def key_spans(spec: MaskSpec, rows: int, block_k: int, t, b, bounds_ref=None, h=0):
+    """Query tile ``t``'s (of ``rows`` rows, in batch element ``b`` and head ``h``) spans of
+    key tiles (`MaskSpec.kv_spans`, within the runtime ``bounds_ref [1|batch, 1|heads,
+    tiles, 4]`` of `MaskSpec.tile_bounds` when given), the first of them and the number
+    of steps."""
+    spans = spec.kv_spans(t, rows, block_k, tile_bounds(bounds_ref, t, b, h))
     return spans, spans[0].start, spans[-1].stop - spans[0].start
 
 
@@ -276,26 +293,41 @@ def multiprocessors() -> int:
 def runtime_operands(inputs, spec: MaskSpec, q_len: int, kv_len: int, rows: int, keys: int, transposed: bool = False):
     """The runtime parts of the mask for a kernel whose tiles are ``rows`` by ``keys``:
     the segment ids of the queries and the keys (padded to ``q_len``, ``kv_len`` with
-    ids of no segment), the lengths ``[batch, 2]``, and the tile bounds
-    (`MaskSpec.tile_bounds`, transposed for loops over query tiles), each where the call
-    has it (`runtime_refs` splits them again)."""
+    ids of no segment), the lengths ``[batch, 2]``, the dense mask as int8 ``[1|batch,
+    1|heads, q_len, kv_len]`` (padded with False; TMA copies bytes, not bools), and the
+    tile bounds (`MaskSpec.tile_bounds`, transposed for loops over query tiles), each
+    where the call has it (`runtime_refs` splits them again)."""
     operands = []
     if spec.has_segments:
         operands += [pad_to(inputs.q_segment_ids, 1, q_len, -1), pad_to(inputs.kv_segment_ids, 1, kv_len, -2)]
     if spec.has_lengths:
         operands.append(inputs.lengths)
-    ids = dict(q_segment_ids=inputs.q_segment_ids, kv_segment_ids=inputs.kv_segment_ids)
-    bounds = spec.tile_bounds(rows, keys, transposed=transposed, lengths=inputs.lengths, **ids)
+    if spec.has_dense_mask:
+        dense = inputs.mask
+        dense = jnp.broadcast_to(dense, (*dense.shape[:2], spec.q_len, spec.kv_len)).astype(jnp.int8)
+        operands.append(pad_to(pad_to(dense, 2, q_len), 3, kv_len))
+    runtime = dict(q_segment_ids=inputs.q_segment_ids, kv_segment_ids=inputs.kv_segment_ids, dense=inputs.mask)
+    bounds = spec.tile_bounds(rows, keys, transposed=transposed, lengths=inputs.lengths, **runtime)
     return (*operands, *([] if bounds is None else [bounds]))
 
 
-def runtime_refs(spec: MaskSpec, refs):
-    """`runtime_operands`' refs as (the queries' and the keys' segment ids, or (); the
-    lengths; the tile bounds; None where the call has none)."""
+class RuntimeRefs(NamedTuple):
+    """`runtime_operands`' refs: the queries' and the keys' segment ids, or (); the
+    lengths, the dense mask and the tile bounds, each None where the call has none."""
+
+    ids: tuple
+    lengths: object
+    dense: object
+    bounds: object
+
+
+def runtime_refs(spec: MaskSpec, refs) -> RuntimeRefs:
+    """`runtime_operands`' refs, split again."""
     refs = list(refs)
     ids = (refs.pop(0), refs.pop(0)) if spec.has_segments else ()
     lengths = refs.pop(0) if spec.has_lengths else None
-    return ids, lengths, refs.pop(0) if refs else None
+    dense = refs.pop(0) if spec.has_dense_mask else None
+    return RuntimeRefs(ids, lengths, dense, refs.pop(0) if refs else None)
 
 
 def read_lengths(lengths_ref, b):
@@ -305,33 +337,79 @@ def read_lengths(lengths_ref, b):
     return lengths_ref[b, 0], lengths_ref[b, 1]
 
 
-def tile_bounds(bounds_ref, tile, b):
-    """``(lo, full_lo, full_hi, hi)`` of ``tile`` in batch element ``b`` from
-    `MaskSpec.tile_bounds`' ``[1|batch, 1, tiles, 4]`` (None: None), read by each thread."""
+def tile_bounds(bounds_ref, tile, b, h=0):
+    """``(lo, full_lo, full_hi, hi)`` of ``tile`` in batch element ``b`` and head ``h`` from
+    `MaskSpec.tile_bounds`' ``[1|batch, 1|heads, tiles, 4]`` (None: None), read by each
+    thread."""
     if bounds_ref is None:
         return None
     b = b if bounds_ref.shape[0] > 1 else 0
-    return tuple(bounds_ref[b, 0, tile, i] for i in range(4))
+    h = h if bounds_ref.shape[1] > 1 else 0
+    return tuple(bounds_ref[b, h, tile, i] for i in range(4))
+
+
+def step_tile(ring, slot, read=None):
+    """``read(tile)`` of this step's tile of a stream of the ring (tiles, ready and free
+    barriers), or None without ``read``. Waited for and freed on every step, read or not,
+    so that the barriers' phases keep pace with the other operands'."""
+    tiles, ready, free = ring
+    plgpu.barrier_wait(ready.at[slot])
+    value = None if read is None else read(tiles.at[slot])
+    plgpu.barrier_arrive(free.at[slot])
+    return value
 
 
 def step_ids(ring, slot, masked: bool, axis: int):
-    """The segment ids ``[n]`` of this step's tile from their ``ring`` (tiles, ready and
-    free barriers), laid along ``axis`` of a ``wgmma`` tile when the step is ``masked``,
-    else None. Waited for and freed on every step, so that the barriers' phases keep
-    pace with the other operands'."""
-    tiles, ready, free = ring
-    plgpu.barrier_wait(ready.at[slot])
-    ids = load_stat(tiles.at[slot], axis) if masked else None
-    plgpu.barrier_arrive(free.at[slot])
-    return ids
+    """The segment ids ``[n]`` of this step's tile from their ``ring`` (`step_tile`), laid
+    along ``axis`` of a ``wgmma`` tile when the step is ``masked``, else None."""
+    return step_tile(ring, slot, functools.partial(load_stat, axis=axis) if masked else None)
 
 
-def visible(spec: MaskSpec, corner, shape: tuple[int, int], q_axis: int, *, lengths, own_ids=None, step_ids=None):
+def dense_tiles(spec: MaskSpec, num_stages: int, rows: int, block_k: int):
+    """A ring of int8 ``[num_stages, rows, block_k]`` tiles of the dense mask where the call
+    has one: ``(tiles,)`` or ()."""
+    return (smem(jnp.int8, num_stages, rows, block_k),) if spec.has_dense_mask else ()
+
+
+def dense_stream(ref, ring, spans, *, b, h, row0, rows: int, first, block_k: int) -> Stream:
+    """The stream of the dense mask's ``[rows, block_k]`` tiles (from `runtime_operands`'
+    ``ref``, rows ``row0`` on, of batch element ``b`` and head ``h``) of key tiles
+    ``first`` on, copied on the steps of ``spans`` that are masked only (interior tiles
+    are whole, and never read)."""
+    b = b if ref.shape[0] > 1 else 0
+    h = h if ref.shape[1] > 1 else 0
+
+    def source(s):
+        return ref.at[b, h, pl.ds(row0, rows), pl.ds((first + s) * block_k, block_k)]
+
+    def copies(s):
+        j = first + s
+        return functools.reduce(
+            jnp.logical_or, [(span.start <= j) & (j < span.stop) for span in spans if span.masked], jnp.bool_(False)
+        )
+
+    return Stream(source, *ring, copies)
+
+
+def step_dense(ring, slot, masked: bool, row0, rows: int):
+    """Rows ``row0`` to ``row0 + rows - 1`` of this step's tile of the dense mask from its
+    ``ring`` (`step_tile`), a bool ``wgmma`` tile when the step is ``masked``, else None."""
+
+    def read(tile):
+        return _load(tile.at[pl.ds(row0, rows)], plgpu.Layout.WGMMA) != 0
+
+    return step_tile(ring, slot, read if masked else None)
+
+
+def visible(
+    spec: MaskSpec, corner, shape: tuple[int, int], q_axis: int, *, lengths, own_ids=None, step_ids=None, dense=None
+):
     """`MaskSpec.visible` of a ``wgmma`` tile of ``shape`` whose corner is ``corner``
     (row, column) and whose axis ``q_axis`` runs over queries (0; 1 in the transposed
     tiles of dK/dV), with the runtime parts of the mask: this program's ``lengths``
-    (`read_lengths`), and with segment ids its own side's (``own_ids``, loaded once)
-    and the step's (``step_ids``, from the ring)."""
+    (`read_lengths`), with segment ids its own side's (``own_ids``, loaded once) and
+    the step's (``step_ids``, from the ring), and the dense mask's tile (`step_dense`;
+    queries along axis 0)."""
     rows, cols = iotas(shape, *corner)
     q_idx, kv_idx = (rows, cols) if q_axis == 0 else (cols, rows)
     runtime = {}
@@ -342,6 +420,8 @@ def visible(spec: MaskSpec, corner, shape: tuple[int, int], q_axis: int, *, leng
     if spec.has_segments:
         q_ids, kv_ids = (own_ids, step_ids) if q_axis == 0 else (step_ids, own_ids)
         runtime.update(q_segment=along(q_ids, shape, q_axis), kv_segment=along(kv_ids, shape, 1 - q_axis))
+    if spec.has_dense_mask:
+        runtime["dense"] = dense
     return spec.visible(q_idx, kv_idx, **runtime)
 
 
@@ -356,14 +436,16 @@ class KeyRing(NamedTuple):
     ready: tuple
     free: tuple
 
-    def produce(self, *, b, h_kv, first, steps, block_k: int, num_stages: int, done=0):
+    def produce(self, *, b, h_kv, first, steps, block_k: int, num_stages: int, done=0, extra=()):
         """The producer's part (`produce`, which ``done`` is passed to): key tiles
-        ``first`` to ``first + steps - 1`` of batch element ``b`` and kv head ``h_kv``."""
+        ``first`` to ``first + steps - 1`` of batch element ``b`` and kv head ``h_kv``,
+        and the ``extra`` streams (`dense_stream`)."""
 
         def source(ref):
             return lambda s: rows_of(ref, b, pl.ds((first + s) * block_k, block_k), h_kv)
 
-        produce(steps, num_stages, [Stream(source(ref), *ring) for ref, *ring in zip(*self)], done)
+        streams = [Stream(source(ref), *ring) for ref, *ring in zip(*self, strict=True)]
+        produce(steps, num_stages, [*streams, *extra], done)
 
     def step_ids(self, slot, masked: bool):
         """`step_ids` of the keys' stream (None without segment ids)."""

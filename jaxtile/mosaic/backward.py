@@ -166,7 +166,7 @@ def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning):
     ids, the keys' ids). ``refs``: the operands, the runtime parts of the mask the call
     has (`_ring.runtime_operands`), dq and the shared memory."""
     q_ref, k_ref, v_ref, do_ref, lse2_ref, delta_ref, *runtime, dq_ref, scoped = refs
-    ids, lengths_ref, bounds_ref = _ring.runtime_refs(spec, runtime)
+    ids, lengths_ref, _, bounds_ref = _ring.runtime_refs(spec, runtime)  # no dense masks here (`v3._backward`)
     (own, ring), (own_ready, ready, free) = scoped
     (k_smem, v_smem, *_), (k_ready, v_ready, *_), (k_free, v_free, *_) = ring, ready, free
     keys = _ring.KeyRing((k_ref, v_ref, *ids[1:]), ring, ready, free)
@@ -234,7 +234,7 @@ def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int):
     the operands, the runtime parts of the mask the call has (`_ring.runtime_operands`;
     the queries' segment ids ride the ring), dk, dv and the shared memory."""
     q_ref, k_ref, v_ref, do_ref, lse2_ref, delta_ref, *runtime, dk_ref, dv_ref, scoped = refs
-    ids, lengths_ref, bounds_ref = _ring.runtime_refs(spec, runtime)
+    ids, lengths_ref, _, bounds_ref = _ring.runtime_refs(spec, runtime)  # no dense masks here (`v3._backward`)
     (own, own_ids, ring), (own_ready, consumed, ready, free) = scoped
     (k_smem, v_smem), (dk_smem, dv_smem) = own if splits > 1 else (own, own)
     (q_smem, do_smem, lse_smem, delta_smem, *_) = ring

@@ -82,23 +82,24 @@ class Tuning:
         """`backward`, or `default_backward_tuning` of these (padded) head dims."""
         return self.backward or default_backward_tuning(head_dim, head_dim_v)
 
-    def shared_memory(self, head_dim: int, head_dim_v: int, itemsize: int) -> int:
-        """Bytes of the query/output tiles, the ring and the lse rows."""
+    def shared_memory(self, head_dim: int, head_dim_v: int, itemsize: int, dense: bool = False) -> int:
+        """Bytes of the query/output tiles, the ring (with a ``dense`` mask, its int8 tiles
+        too) and the lse rows."""
         rows = CONSUMERS * self.block_q
         q_o = rows * (head_dim + (head_dim_v if self.own_output(head_dim, head_dim_v) else 0)) * itemsize
-        ring = self.num_stages * self.block_k * (head_dim + head_dim_v) * itemsize
+        ring = self.num_stages * self.block_k * ((head_dim + head_dim_v) * itemsize + (rows if dense else 0))
         return q_o + ring + rows * 4
 
     def own_output(self, head_dim: int, head_dim_v: int) -> bool:
         """Whether the output has a tile of its own rather than the queries'."""
         return self.persistent or head_dim_v != head_dim
 
-    def fit(self, head_dim: int, head_dim_v: int, itemsize: int) -> Tuning:
-        """This tuning, or, where it does not fit in shared memory, the nearest that does:
-        fewer stages first (down to 2), then not persistent, then halved key tiles, then
-        query tiles (down to 64)."""
+    def fit(self, head_dim: int, head_dim_v: int, itemsize: int, dense: bool = False) -> Tuning:
+        """This tuning, or, where it does not fit in shared memory (`shared_memory`), the
+        nearest that does: fewer stages first (down to 2), then not persistent, then
+        halved key tiles, then query tiles (down to 64)."""
         tuning = self
-        while tuning.shared_memory(head_dim, head_dim_v, itemsize) > SHARED_MEMORY:
+        while tuning.shared_memory(head_dim, head_dim_v, itemsize, dense) > SHARED_MEMORY:
             if tuning.num_stages > 2:
                 tuning = dataclasses.replace(tuning, num_stages=tuning.num_stages - 1)
             elif tuning.persistent:
@@ -120,7 +121,7 @@ _SHORT_CAUSAL = 4096
 
 
 # Persistent programs (`Schedule.balanced`) where every query tile visits at most this
-# many keys and no segments or lengths make tiles uneven in ways the host cannot see
+# many keys and no runtime part of the mask makes tiles uneven in ways the host cannot see
 # (H100, `bench/results/h100/persistent/`, against one program per tile: causal 1K and
 # 2K 1.04-1.12x, the (1023, 0) window 1.06x, the (256, 256) window 1.05-1.08x,
 # non-causal 1K and 2K 0.99-1.03x; causal 4K 0.97-1.01x, causal 16K 0.95x, non-causal 4K
@@ -130,8 +131,8 @@ _PERSISTENT_KEYS = 2048
 
 def _persistent(spec: MaskSpec | None, rows: int) -> bool:
     """Whether each of ``spec``'s query tiles of ``rows`` rows visits at most
-    `_PERSISTENT_KEYS` keys, with no segments or lengths."""
-    if spec is None or spec.has_segments or spec.has_lengths:
+    `_PERSISTENT_KEYS` keys, with no runtime part (segments, lengths, a dense mask)."""
+    if spec is None or not spec.is_structured:
         return False
     keys = spec.kv_len if spec.left is None or spec.right is None else min(spec.kv_len, spec.left + spec.right + rows)
     return keys <= _PERSISTENT_KEYS
@@ -143,16 +144,17 @@ def default_tuning(head_dim: int, head_dim_v: int, itemsize: int, spec: MaskSpec
     backward's default, `Tuning.backward_for`); persistent programs where `_persistent`
     says and they fit."""
     short_causal = spec is not None and spec.right == 0 and spec.kv_len <= _SHORT_CAUSAL
+    dense = spec is not None and spec.has_dense_mask
     tuning = Tuning(block_k=64)
     for block_k in (128, 64) if short_causal else (256, 128, 64):
         tuning = Tuning(block_k=block_k)
         if (
             block_k * (head_dim + head_dim_v) <= 256 * 128
-            and tuning.shared_memory(head_dim, head_dim_v, itemsize) <= SHARED_MEMORY
+            and tuning.shared_memory(head_dim, head_dim_v, itemsize, dense) <= SHARED_MEMORY
         ):
             break
     persistent = _persistent(spec, CONSUMERS * tuning.block_q)
-    return dataclasses.replace(tuning, persistent=persistent).fit(head_dim, head_dim_v, itemsize)
+    return dataclasses.replace(tuning, persistent=persistent).fit(head_dim, head_dim_v, itemsize, dense)
 
 
 @functools.cache
@@ -176,10 +178,12 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
     k, v, the runtime parts of the mask the call has (`_ring.runtime_operands`), out, lse
     and the shared memory."""
     q_ref, k_ref, v_ref, *runtime, o_ref, lse_ref, scoped = refs
-    ids, lengths_ref, bounds_ref = _ring.runtime_refs(spec, runtime)
+    ids, lengths_ref, dense_ref, bounds_ref = _ring.runtime_refs(spec, runtime)
     (own, ring, o_smem, lse_smem), (own_ready, ready, free), turn = scoped
     (k_smem, v_smem, *_), (k_ready, v_ready, *_), (k_free, v_free, *_) = ring, ready, free
-    keys = _ring.KeyRing((k_ref, v_ref, *ids[1:]), ring, ready, free)
+    n = 2 + len(ids[1:])  # the streams of K, V and the keys' ids; the dense mask's after them
+    keys = _ring.KeyRing((k_ref, v_ref, *ids[1:]), ring[:n], ready[:n], free[:n])
+    dense_ring = (ring[n], ready[n], free[n]) if spec.has_dense_mask else None
     bq, bk, stages = tuning.block_q, tuning.block_k, tuning.num_stages
     rows = CONSUMERS * bq
     wg = lax.axis_index("wg")
@@ -189,7 +193,7 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
         """``(head, query tile, batch)`` of this program's ``i``-th tile, and its key spans."""
         h, t, b = schedule.index(i)
         t = _ring.query_tile(spec, schedule.tiles[1], t)
-        return (h, t, b), *_ring.key_spans(spec, rows, bk, t, b, bounds_ref)
+        return (h, t, b), *_ring.key_spans(spec, rows, bk, t, b, bounds_ref, h)
 
     def take_turn():
         plgpu.barrier_arrive(turn)
@@ -244,9 +248,10 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
 
                 pre = logits.pre(pl.run_scoped(qk, plgpu.ACC((bq, bk), jnp.float32)))
                 plgpu.barrier_arrive(k_free.at[slot])
-                kv_segment = keys.step_ids(slot, masked)  # the keys' ids ride the ring
+                kv_segment = keys.step_ids(slot, masked)  # the keys' ids ride the ring, as the dense mask
+                dense = None if dense_ring is None else _ring.step_dense(dense_ring, slot, masked, wg * bq, bq)
                 if masked:
-                    runtime = dict(lengths=lengths, own_ids=q_segment, step_ids=kv_segment)
+                    runtime = dict(lengths=lengths, own_ids=q_segment, step_ids=kv_segment, dense=dense)
                     pre = jnp.where(_ring.visible(spec, (row0, j * bk), pre.shape, 0, **runtime), pre, -jnp.inf)
                 # Lines 9-10: online softmax in base 2 (a row that has seen nothing keeps
                 # m_i = -inf; its base is 0 so that no -inf - -inf is formed).
@@ -304,9 +309,15 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
         plgpu.set_max_registers(_ring.PRODUCER_REGISTERS, action="decrease")
 
         def run(i, done):
-            (h, _, b), _, first, steps = tile(i)
+            (h, t, b), spans, first, steps = tile(i)
             h_kv = lax.div(h, jnp.int32(dims.group))
-            keys.produce(b=b, h_kv=h_kv, first=first, steps=steps, block_k=bk, num_stages=stages, done=done)
+            extra = ()
+            if dense_ring is not None:
+                where = dict(b=b, h=h, row0=t * rows, rows=rows, first=first, block_k=bk)
+                extra = (_ring.dense_stream(dense_ref, dense_ring, spans, **where),)
+            keys.produce(
+                b=b, h_kv=h_kv, first=first, steps=steps, block_k=bk, num_stages=stages, done=done, extra=extra
+            )
             return done + steps
 
         schedule.loop(run)
@@ -328,7 +339,8 @@ def _tuning(
     if not isinstance(tuning, Tuning):
         tuning = default_tuning(head_dim, head_dim_v, itemsize, spec)
     blocks = {name: padded(b, WGMMA_ROWS) for name, b in (("block_q", block_q), ("block_k", block_k)) if b is not None}
-    return dataclasses.replace(tuning, **blocks).fit(head_dim, head_dim_v, itemsize)
+    dense = spec is not None and spec.has_dense_mask
+    return dataclasses.replace(tuning, **blocks).fit(head_dim, head_dim_v, itemsize, dense)
 
 
 def _key_tiles(spec: MaskSpec, q_tiles: int, rows: int, block_k: int) -> np.ndarray:
@@ -367,7 +379,7 @@ def forward_pass(inputs: Inputs, config: Config):
     bq, bk, stages = tuning.block_q, tuning.block_k, tuning.num_stages
     own = (smem(dtype, CONSUMERS, bq, head_dim), *_ring.segment_tiles(config.mask, CONSUMERS, bq))
     ring = (smem(dtype, stages, bk, head_dim), smem(dtype, stages, bk, head_dim_v))
-    ring += _ring.segment_tiles(config.mask, stages, bk)
+    ring += _ring.segment_tiles(config.mask, stages, bk) + _ring.dense_tiles(config.mask, stages, rows, bk)
     out, lse = _ring.launch(
         kernel,
         (q, k, v, *_ring.runtime_operands(inputs, config.mask, q_len, kv_len, rows, bk)),
@@ -420,12 +432,13 @@ def _forward(inputs: Inputs, config: Config):
 
 def _backward(inputs: Inputs, out, lse, dout, dlse, config: Config):
     """The Mosaic backward kernels where their tiles fit (`BackwardTuning.fits`: head dims
-    up to 128), else the Triton family's (with its own tuning, or ``"autotune"``, when the
-    call names one); ``(dq, dk, dv, None)``."""
+    up to 128) and the call has no dense mask (which they do not read), else the Triton
+    family's (with its own tuning, or ``"autotune"``, when the call names one);
+    ``(dq, dk, dv, None)``."""
     dims = Shape.of(inputs.q, inputs.k, inputs.v)
     head_dim, head_dim_v = padded(dims.head_dim, WGMMA_ROWS), padded(dims.head_dim_v, WGMMA_ROWS)
     tuning = (config.tuning if isinstance(config.tuning, Tuning) else Tuning()).backward_for(head_dim, head_dim_v)
-    if not tuning.fits(head_dim, head_dim_v, dims.itemsize):
+    if config.mask.has_dense_mask or not tuning.fits(head_dim, head_dim_v, dims.itemsize):
         if isinstance(config.tuning, Tuning):  # this family's: the Triton kernels take their table's
             config = dataclasses.replace(config, tuning=None)
         return triton_v2.IMPLEMENTATION.backward(inputs, out, lse, dout, dlse, config)
@@ -444,7 +457,7 @@ IMPLEMENTATION = registry.register(
         platforms=frozenset({"gpu"}),
         requires=_requires,
         dtypes=frozenset({"bfloat16", "float16"}),
-        features=frozenset({"causal", "window", "segments", "lengths", "gqa", "soft_cap"}),
+        features=frozenset({"causal", "window", "segments", "dense_mask", "lengths", "gqa", "soft_cap"}),
         max_head_dim=256,
         power_of_two_blocks=True,
         lse_backward=True,
