@@ -267,6 +267,7 @@ def test_tiles_are_multiples_of_wgmma_s_rows():
         dense = MaskSpec.create(4096, 4096, has_dense_mask=True)
         tuning = v3._tuning(None, None, None, head_dim, head_dim, 2, dense)
         assert tuning.shared_memory(head_dim, head_dim, 2, dense=True) <= _ring.SHARED_MEMORY
+        assert tuning.block_k == (64 if head_dim == 256 else 128)  # 256-key tiles spill their mask
 
 
 @pytest.mark.parametrize("snake", [False, True])

@@ -119,6 +119,11 @@ class Tuning:
 # the 256-key tiles win, 485 against 467).
 _SHORT_CAUSAL = 4096
 
+# Dense masks take key tiles of at most 128 too: a consumer holds its part of a masked
+# tile's mask beside its scores, and with 256-key tiles it spills (752 bytes at head dim
+# 64, none at 128; H100, `bench/results/h100/dense_mask/`: 0.73x cuDNN against 0.89x on
+# Flax's causal mask at head dim 64, 4K).
+
 
 # Persistent programs (`Schedule.balanced`) where every query tile visits at most this
 # many keys and no runtime part of the mask makes tiles uneven in ways the host cannot see
@@ -140,13 +145,13 @@ def _persistent(spec: MaskSpec | None, rows: int) -> bool:
 
 def default_tuning(head_dim: int, head_dim_v: int, itemsize: int, spec: MaskSpec | None = None) -> Tuning:
     """The largest key tile (256, 128 or 64; at most 128 for causal masks over at most
-    `_SHORT_CAUSAL` keys) whose two-stage ring fits beside the queries (and the
-    backward's default, `Tuning.backward_for`); persistent programs where `_persistent`
-    says and they fit."""
+    `_SHORT_CAUSAL` keys and for dense masks) whose two-stage ring fits beside the queries
+    (and the backward's default, `Tuning.backward_for`); persistent programs where
+    `_persistent` says and they fit."""
     short_causal = spec is not None and spec.right == 0 and spec.kv_len <= _SHORT_CAUSAL
     dense = spec is not None and spec.has_dense_mask
     tuning = Tuning(block_k=64)
-    for block_k in (128, 64) if short_causal else (256, 128, 64):
+    for block_k in (128, 64) if short_causal or dense else (256, 128, 64):
         tuning = Tuning(block_k=block_k)
         if (
             block_k * (head_dim + head_dim_v) <= 256 * 128
