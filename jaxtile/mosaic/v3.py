@@ -122,11 +122,6 @@ class Tuning:
 # the 256-key tiles win, 485 against 467).
 _SHORT_CAUSAL = 4096
 
-# Dense masks take key tiles of at most 128 too: a consumer holds its part of a masked
-# tile's mask beside its scores, and with 256-key tiles it spills (752 bytes at head dim
-# 64, none at 128; H100, `bench/results/h100/dense_mask/`: 0.73x cuDNN against 0.89x on
-# Flax's causal mask at head dim 64, 4K).
-
 
 # Persistent programs (`Schedule.balanced`) where every query tile visits at most this
 # many keys and no runtime part of the mask makes tiles uneven in ways the host cannot see
@@ -152,6 +147,9 @@ def default_tuning(head_dim: int, head_dim_v: int, itemsize: int, spec: MaskSpec
     (and the backward's default, `Tuning.backward_for`); persistent programs where
     `_persistent` says and they fit."""
     short_causal = spec is not None and spec.right == 0 and spec.kv_len <= _SHORT_CAUSAL
+    # A consumer holds its part of a masked tile's mask beside its scores: with 256-key
+    # tiles that spills (752 bytes at head dim 64, none at 128; H100, Flax's causal mask
+    # at head dim 64, 4K: 0.73x cuDNN against 0.89x, `bench/results/h100/dense_mask/`).
     dense = spec is not None and spec.has_dense_mask
     tuning = Tuning(block_k=64)
     for block_k in (128, 64) if short_causal or dense else (256, 128, 64):
