@@ -4,6 +4,7 @@ pallas_decode's split-KV shares and their memory."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import jax
@@ -25,6 +26,8 @@ KERNELS = {
     "pallas_v1.forward": (pallas_v1._FORWARD, False),
     "pallas_v1.backward": (pallas_v1._BACKWARD, False),
 }
+# ... and each with a dense mask's tiles streaming beside its own.
+KERNELS |= {f"{name}+mask": (dataclasses.replace(s, dense_mask=True), p) for name, (s, p) in KERNELS.items()}
 LIMITS = {"sm90": 232448, "sm80": 166912, "sm89": 101376}
 HEAD_DIMS = (16, 40, 64, 80, 128, 160, 256)
 DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
@@ -184,3 +187,14 @@ def test_decode_memory_holds_the_partial_results_of_the_most_shares():
     # 64 keys are 4 tiles, one share: pallas_v2's out and lse, and two float32 rows.
     shape = Shape(2, 1, 64, 4, 2, 16, 16, 4)
     assert decode._memory(shape, None, None, backward=True) == (2 * 4 * 16 * 4 + 2 * 4 * 4, 2 * (2 * 4 * 4))
+
+
+def test_a_dense_mask_streams_its_tiles_with_the_keys():
+    """A dense mask's ``block_q × block_k`` tile (a byte an element) streams with K and V:
+    at head dim 128 the forward's three stages of 128×128 tiles fit without it and not
+    with it (XLA asked 256 KiB on an H100), so the mask takes the third stage away."""
+    dims, tuning, limit = _dims(head_dim=128), KernelTuning(128, 128, 8, 3), LIMITS["sm90"]
+    masked = dataclasses.replace(pallas_v2._FORWARD, dense_mask=True)
+    assert masked.bytes(128, 128, dims, 2, 3) == pallas_v2._FORWARD.bytes(128, 128, dims, 2, 3) + 3 * 128 * 128
+    assert pk.Tiles.fit(tuning, dims, jnp.bfloat16, pallas_v2._FORWARD, limit) == pk.Tiles(128, 128, 3)
+    assert pk.Tiles.fit(tuning, dims, jnp.bfloat16, masked, limit) == pk.Tiles(128, 128, 2)

@@ -90,6 +90,10 @@ class Staging:
     float32, the three-pass TF32 products also keep a low part of the resident tiles and
     of one stage of the streamed ones (XLA asked 256 KiB for FlashAttention-2's forward at
     128×128 tiles, head dim 64, two stages, where these tiles alone are 160 KiB).
+    ``dense_mask``: a ``block_q × block_k`` tile of the dense mask (a byte an element)
+    streams with the others (XLA asked 256 KiB for FlashAttention-2's forward with a
+    dense mask at 128×128 tiles, head dim 128, three stages, where the model without it
+    said 226 KiB; `Kernel.create` sets it for calls that have one).
     """
 
     resident: tuple[tuple[str, str], ...]
@@ -97,6 +101,7 @@ class Staging:
     staged: tuple[tuple[str, str], ...] = ()
     copies: int = 1
     split_float32: bool = False
+    dense_mask: bool = False
 
     def bytes(self, block_q: int, block_k: int, shape: Shape, itemsize: int, num_stages: int) -> int:
         """Modelled shared memory of one program: the tiles, plus `_SCRATCH` for the
@@ -106,7 +111,8 @@ class Staging:
         def total(tiles):
             return sum(size[r] * size[c] for r, c in tiles) * itemsize
 
-        streamed = self.copies * max(num_stages, 1) * total(self.streamed)
+        mask = block_q * block_k if self.dense_mask else 0
+        streamed = self.copies * max(num_stages, 1) * (total(self.streamed) + mask)
         split = total(self.resident) + total(self.streamed) if self.split_float32 and itemsize == 4 else 0
         return total(self.resident) + streamed + split + total(self.staged) + _SCRATCH
 
@@ -629,8 +635,10 @@ class Kernel:
 
     @classmethod
     def create(cls, inputs: Inputs, config: Config, tuning: KernelTuning, staging: Staging, **fit) -> Kernel:
-        """Tiles and stages from ``tuning`` that fit ``staging`` in shared memory (`Tiles.fit`)."""
+        """Tiles and stages from ``tuning`` that fit ``staging`` (with the dense mask's
+        tiles where the call has one) in shared memory (`Tiles.fit`)."""
         dims = Shape.of(inputs.q, inputs.k, inputs.v)
+        staging = dataclasses.replace(staging, dense_mask=inputs.mask is not None)
         limit = shared_memory_limit(config.platform)
         tiles = Tiles.fit(tuning, dims, inputs.q.dtype, staging, limit, **fit)
         return cls(config, dims, tiles, tuning.num_warps, staging)
