@@ -384,6 +384,17 @@ BACKWARD_CASES = [
 ]
 
 
+def _assert_exact(case: Case, tuning: v3.Tuning):
+    """``case`` on mosaic_v3 with ``tuning`` against the float64 reference (`run_case`:
+    outputs and gradients)."""
+
+    def mosaic_v3(q, k, v, **options):
+        return jaxtile.flash_attention(q, k, v, implementation="mosaic_v3", tuning=tuning, **options)
+
+    result = run_case(case, mosaic_v3)
+    assert result.ok, result.describe()
+
+
 def _fitting(candidates, cases):
     """The (case, candidate) pairs whose tiles the Mosaic backward takes at the case's
     padded head dims (others would run the Triton backward)."""
@@ -402,13 +413,7 @@ def test_swept_backward_tiles_are_exact_on_the_gpu(case, candidate):
     """Every backward tiling the sweep may pick, on the cases where it applies, against
     the float64 reference (outputs and the three gradients), before it can become a
     default."""
-    tuning = v3.Tuning(backward=mosaic_backward.BackwardTuning(*candidate))
-
-    def mosaic_v3_tuned(q, k, v, **options):
-        return jaxtile.flash_attention(q, k, v, implementation="mosaic_v3", tuning=tuning, **options)
-
-    result = run_case(case, mosaic_v3_tuned)
-    assert result.ok, result.describe()
+    _assert_exact(case, v3.Tuning(backward=mosaic_backward.BackwardTuning(*candidate)))
 
 
 # Forward calls for persistent programs: BACKWARD_CASES' awkward masks, and enough tiles
@@ -431,14 +436,7 @@ def test_persistent_programs_are_exact_on_the_gpu(case, programs, monkeypatch, r
         monkeypatch.setattr(_ring, "multiprocessors", lambda: programs)
     jax.clear_caches()
     request.addfinalizer(jax.clear_caches)
-
-    def mosaic_v3_persistent(q, k, v, **options):
-        return jaxtile.flash_attention(
-            q, k, v, implementation="mosaic_v3", tuning=v3.Tuning(persistent=True), **options
-        )
-
-    result = run_case(case, mosaic_v3_persistent)
-    assert result.ok, result.describe()
+    _assert_exact(case, v3.Tuning(persistent=True))
 
 
 # Forward calls with dense masks (whose backward is pallas_v2's): a random mask per head,
@@ -470,10 +468,4 @@ def test_dense_masks_are_exact_on_the_gpu(case, persistent):
     """The forward reading dense masks tile by tile (`_ring.dense_stream`), with one
     program per query tile and persistent programs, against the float64 reference:
     outputs and the gradients of the whole call."""
-
-    def mosaic_v3_dense(q, k, v, **options):
-        tuning = v3.Tuning(persistent=persistent)
-        return jaxtile.flash_attention(q, k, v, implementation="mosaic_v3", tuning=tuning, **options)
-
-    result = run_case(case, mosaic_v3_dense)
-    assert result.ok, result.describe()
+    _assert_exact(case, v3.Tuning(persistent=persistent))
