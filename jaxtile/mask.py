@@ -139,11 +139,11 @@ def bounds_from_classes(classes) -> jnp.ndarray:
     return jnp.stack([lo, full_lo, _clip(full_hi, full_lo, hi), hi], axis=-1)
 
 
-def uniform_bounds(bounds) -> jnp.ndarray:
-    """Bounds ``[..., n_outer, 4]`` that hold for every leading index at once (for loops
-    that process every batch element and head together): the union of the visited
-    tiles, the intersection of the interiors."""
-    lead = tuple(range(bounds.ndim - 2))
+def uniform_bounds(bounds, axis: int | None = None) -> jnp.ndarray:
+    """Bounds ``[..., n_outer, 4]`` that hold for every index of leading ``axis`` at once
+    (None: of every leading axis; for loops that process several batch elements or heads
+    together): the union of the visited tiles, the intersection of the interiors."""
+    lead = tuple(range(bounds.ndim - 2)) if axis is None else axis
     lo = jnp.min(bounds[..., 0], axis=lead)
     hi = jnp.max(bounds[..., 3], axis=lead)
     full_lo = _clip(jnp.max(bounds[..., 1], axis=lead), lo, hi)

@@ -6,12 +6,14 @@ the GPU, where the shared test base runs it), and its dispatch and tuning are te
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import types
 
 import jax
 import jax.numpy as jnp
 import pytest
+from jax.experimental import pallas as pl
 from jax_settings import SETTINGS
 
 import jaxtile
@@ -115,19 +117,46 @@ def test_a_dense_mask_rides_the_ring_on_masked_steps_only():
     pace. A mask broadcast over batch and heads is read at batch element and head 0."""
     spans = (TileSpan(2, 4, True), TileSpan(4, 9, False), TileSpan(9, 10, True))
     ref = types.SimpleNamespace(shape=(1, 1, 256, 2048))
-    where = dict(b=3, h=5, row0=128, rows=128, first=2, block_k=128)
-    stream = _ring.dense_stream(ref, (None, None, None), spans, **where)
+    where = dict(b=3, rows=pl.ds(128, 128), cols=128, step=lambda s: (5, 2 + s))
+    (stream,) = _ring.dense_stream(ref, (None, None, None), spans, **where)
     copies = [bool(stream.copies(jnp.int32(s))) for s in range(8)]
     assert copies == [True, True, False, False, False, False, False, True]
+    assert _ring.dense_stream(ref, None, spans, **where) == ()
 
 
-@pytest.mark.parametrize("dq_block_k", [None, 128])
-@pytest.mark.parametrize("runtime", ["", *RUNTIME])
-@pytest.mark.parametrize("name", [name for name in CALLS if CALLS[name][0][-1] <= 128])
+def test_the_dkdv_kernel_steps_through_the_query_tiles_of_each_head():
+    """A dK/dV program visits its span of query tiles for each head of its share in turn
+    (`_ring.query_step`), and copies the transposed dense mask's tile of a step where
+    that tile is in a masked span, whichever head it belongs to."""
+    step = functools.partial(_ring.query_step, first=jnp.int32(3), per_head=jnp.int32(4), head0=jnp.int32(8))
+    steps = [tuple(int(x) for x in step(jnp.int32(s))) for s in range(8)]
+    assert steps == [(head, tile) for head in (8, 9) for tile in range(3, 7)]
+    spans = (TileSpan(3, 4, True), TileSpan(4, 6, False), TileSpan(6, 7, True))
+    ref = types.SimpleNamespace(shape=(2, 16, 2048, 1024))
+    (stream,) = _ring.dense_stream(ref, (None, None, None), spans, b=1, rows=pl.ds(0, 128), cols=64, step=step)
+    assert [bool(stream.copies(jnp.int32(s))) for s in range(8)] == [True, False, False, True] * 2
+
+
+def _backward_lowerings():
+    """(call, runtime mask, dq_block_k) of every call whose head dims are at most 128,
+    where the tiles fit with the mask (`BackwardTuning.fits`; else the Triton backward
+    runs, as `_backward` is tested to choose)."""
+    params = []
+    for name, call in CALLS.items():
+        for runtime in ["", *RUNTIME, "dense", "dense1+lengths", "dense+segments"]:
+            for dq_block_k in (None, 128):
+                dims = (_ring.padded(call[0][-1], 64), _ring.padded(call[3], 64))
+                if mosaic_backward.BackwardTuning(dq_block_k=dq_block_k).fits(*dims, 2, "dense" in runtime):
+                    params.append(pytest.param(name, runtime, dq_block_k, id=f"{name}-{runtime}-{dq_block_k}"))
+    return params
+
+
+@pytest.mark.parametrize("name, runtime, dq_block_k", _backward_lowerings())
 def test_the_backward_kernels_lower_for_cuda(name, runtime, dq_block_k):
-    """The dK/dV and dQ kernels of every call whose head dims are at most 128, with and
-    without runtime masks, and with the dQ kernel's key tiles as dK/dV's or twice them,
-    traced and lowered to Mosaic GPU, with gradients of the inputs' shapes and dtypes."""
+    """The dK/dV and dQ kernels of every call whose tiles fit, with and without runtime
+    masks (a dense mask per head over GQA groups too), and with the dQ kernel's key
+    tiles as dK/dV's or twice them, traced and lowered to Mosaic GPU, with gradients of
+    the inputs' shapes and dtypes."""
     inputs, config = _call(*CALLS[name], runtime=runtime)
     tuning = mosaic_backward.BackwardTuning(dq_block_k=dq_block_k)
     batch, q_len, heads, _ = inputs.q.shape
@@ -145,9 +174,10 @@ def test_the_backward_kernels_lower_for_cuda(name, runtime, dq_block_k):
 
 
 def test_the_backward_takes_the_triton_kernels_where_its_tiles_do_not_fit(monkeypatch):
-    """Head dims past 128 (dK_j and dV_j would not fit in a consumer's registers) and dense
-    masks go to the Triton family's backward, with the call's tuning dropped where it is
-    Mosaic's."""
+    """Head dims past 128 (dK_j and dV_j would not fit in a consumer's registers) go to the
+    Triton family's backward, with the call's tuning dropped where it is Mosaic's; dense
+    masks stay with the Mosaic kernels, unless their tiles leave no room for the mask's
+    ring (128-key dQ tiles at head dim 128)."""
     calls = []
     monkeypatch.setattr(v3, "backward_pass", lambda *args: calls.append("mosaic") or (None,) * 3)
     triton = types.SimpleNamespace(backward=lambda *args: calls.append(("triton", args[-1].tuning)) or (None,) * 4)
@@ -157,10 +187,12 @@ def test_the_backward_takes_the_triton_kernels_where_its_tiles_do_not_fit(monkey
         ("d256_causal", v3.Tuning(), ""),
         ("d256_causal", "autotune", ""),
         ("causal", v3.Tuning(), "dense"),
+        ("causal", v3.Tuning(backward=mosaic_backward.BackwardTuning(dq_block_k=128)), ""),
+        ("causal", v3.Tuning(backward=mosaic_backward.BackwardTuning(dq_block_k=128)), "dense"),
     ):
         inputs, config = _call(*CALLS[name], runtime=runtime, tuning=tuning)
         v3._backward(inputs, None, None, None, None, config)
-    assert calls == ["mosaic", ("triton", None), ("triton", "autotune"), ("triton", None)]
+    assert calls == ["mosaic", ("triton", None), ("triton", "autotune"), "mosaic", "mosaic", ("triton", None)]
 
 
 def test_backward_tiles_fit_as_measured():
@@ -384,6 +416,28 @@ BACKWARD_CASES = [
 ]
 
 
+# Calls with dense masks: a random mask per head, every tile partly masked, over a GQA
+# group (whose dK/dV programs visit the union of its heads' tiles) and ragged lengths
+# that are no tile multiple; a padding mask, tiles whole, hidden or masked, in float16
+# with head dim 64; rows that see no key, inside a two-sided window.
+DENSE_CASES = [
+    Case(
+        "random_gqa_lengths_d80",
+        batch=(2,),
+        q_len=300,
+        kv_len=1000,
+        num_heads=8,
+        num_kv_heads=2,
+        head_dim=80,
+        dtype="bfloat16",
+        mask="random",
+        lengths="ragged",
+    ),
+    Case("padding_fp16_d64", batch=(3,), q_len=700, head_dim=64, dtype="float16", mask="padding"),
+    Case("empty_rows_window", q_len=520, head_dim=128, dtype="bfloat16", window=(100, 30), mask="empty_rows"),
+]
+
+
 def _assert_exact(case: Case, tuning: v3.Tuning):
     """``case`` on mosaic_v3 with ``tuning`` against the float64 reference (`run_case`:
     outputs and gradients)."""
@@ -403,12 +457,14 @@ def _fitting(candidates, cases):
         pytest.param(case, c, id=f"{case.name}-{c}")
         for case in cases
         for c in tunings
-        if mosaic_backward.BackwardTuning(*c).fits(_ring.padded(case.head_dim, 64), _ring.padded(case.dim_v, 64), 2)
+        if mosaic_backward.BackwardTuning(*c).fits(
+            _ring.padded(case.head_dim, 64), _ring.padded(case.dim_v, 64), 2, case.mask is not None
+        )
     ]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case, candidate", _fitting(tune.MOSAIC_BACKWARD.values(), BACKWARD_CASES))
+@pytest.mark.parametrize("case, candidate", _fitting(tune.MOSAIC_BACKWARD.values(), BACKWARD_CASES + DENSE_CASES))
 def test_swept_backward_tiles_are_exact_on_the_gpu(case, candidate):
     """Every backward tiling the sweep may pick, on the cases where it applies, against
     the float64 reference (outputs and the three gradients), before it can become a
@@ -439,33 +495,11 @@ def test_persistent_programs_are_exact_on_the_gpu(case, programs, monkeypatch, r
     _assert_exact(case, v3.Tuning(persistent=True))
 
 
-# Forward calls with dense masks (whose backward is pallas_v2's): a random mask per head,
-# every tile partly masked, over a GQA group and ragged lengths that are no tile
-# multiple; a padding mask, tiles whole, hidden or masked, in float16 with head dim 64;
-# rows that see no key, inside a two-sided window.
-DENSE_CASES = [
-    Case(
-        "random_gqa_lengths_d80",
-        batch=(2,),
-        q_len=300,
-        kv_len=1000,
-        num_heads=8,
-        num_kv_heads=2,
-        head_dim=80,
-        dtype="bfloat16",
-        mask="random",
-        lengths="ragged",
-    ),
-    Case("padding_fp16_d64", batch=(3,), q_len=700, head_dim=64, dtype="float16", mask="padding"),
-    Case("empty_rows_window", q_len=520, head_dim=128, dtype="bfloat16", window=(100, 30), mask="empty_rows"),
-]
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("persistent", [False, True])
 @pytest.mark.parametrize("case", DENSE_CASES, ids=lambda case: case.name)
 def test_dense_masks_are_exact_on_the_gpu(case, persistent):
-    """The forward reading dense masks tile by tile (`_ring.dense_stream`), with one
-    program per query tile and persistent programs, against the float64 reference:
-    outputs and the gradients of the whole call."""
+    """The forward and the backward kernels reading dense masks tile by tile
+    (`_ring.dense_stream`), with one program per query tile and persistent programs,
+    against the float64 reference: outputs and the three gradients."""
     _assert_exact(case, v3.Tuning(persistent=persistent))

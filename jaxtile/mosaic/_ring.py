@@ -24,7 +24,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu  # the Pallas API of jax 0.10.2 to 0.12
 
 from jaxtile._core import Shape
-from jaxtile.mask import MaskSpec, cdiv
+from jaxtile.mask import MaskSpec, cdiv, uniform_bounds
 
 # wgmma's rows per warpgroup, and the 128-byte swizzle's width in 2-byte elements: the
 # tiles' rows and the head dims are multiples of it (smaller head dims are zero-padded).
@@ -295,8 +295,10 @@ def runtime_operands(inputs, spec: MaskSpec, q_len: int, kv_len: int, rows: int,
     the segment ids of the queries and the keys (padded to ``q_len``, ``kv_len`` with
     ids of no segment), the lengths ``[batch, 2]``, the dense mask as int8 ``[1|batch,
     1|heads, q_len, kv_len]`` (padded with False; TMA copies bytes, not bools), and the
-    tile bounds (`MaskSpec.tile_bounds`, transposed for loops over query tiles), each
-    where the call has it (`runtime_refs` splits them again)."""
+    tile bounds (`MaskSpec.tile_bounds`), each where the call has it (`runtime_refs`
+    splits them again). ``transposed``, for loops over query tiles (dK/dV): the mask
+    ``[..., kv_len, q_len]``, and the bounds transposed and, for a mask per head, one
+    per kv head, the union of its query heads' (`uniform_bounds`)."""
     operands = []
     if spec.has_segments:
         operands += [pad_to(inputs.q_segment_ids, 1, q_len, -1), pad_to(inputs.kv_segment_ids, 1, kv_len, -2)]
@@ -305,9 +307,13 @@ def runtime_operands(inputs, spec: MaskSpec, q_len: int, kv_len: int, rows: int,
     if spec.has_dense_mask:
         dense = inputs.mask
         dense = jnp.broadcast_to(dense, (*dense.shape[:2], spec.q_len, spec.kv_len)).astype(jnp.int8)
-        operands.append(pad_to(pad_to(dense, 2, q_len), 3, kv_len))
+        dense = pad_to(pad_to(dense, 2, q_len), 3, kv_len)
+        operands.append(jnp.swapaxes(dense, 2, 3) if transposed else dense)
     runtime = dict(q_segment_ids=inputs.q_segment_ids, kv_segment_ids=inputs.kv_segment_ids, dense=inputs.mask)
     bounds = spec.tile_bounds(rows, keys, transposed=transposed, lengths=inputs.lengths, **runtime)
+    if transposed and bounds is not None and bounds.shape[1] > 1:
+        group = Shape.of(inputs.q, inputs.k, inputs.v).group
+        bounds = uniform_bounds(bounds.reshape(bounds.shape[0], -1, group, *bounds.shape[2:]), axis=2)
     return (*operands, *([] if bounds is None else [bounds]))
 
 
@@ -371,29 +377,36 @@ def dense_tiles(spec: MaskSpec, num_stages: int, rows: int, block_k: int):
     return (smem(jnp.int8, num_stages, rows, block_k),) if spec.has_dense_mask else ()
 
 
-def dense_stream(ref, ring, spans, *, b, h, row0, rows: int, first, block_k: int) -> Stream:
-    """The stream of the dense mask's ``[rows, block_k]`` tiles (from `runtime_operands`'
-    ``ref``, rows ``row0`` on, of batch element ``b`` and head ``h``) of key tiles
-    ``first`` on, copied on the steps of ``spans`` that are masked only (interior tiles
-    are whole, and never read)."""
+def dense_stream(ref, ring, spans, *, b, rows, cols: int, step: Callable) -> tuple[Stream, ...]:
+    """The stream of the dense mask's tiles (from `runtime_operands`' ``ref``, transposed
+    or not) in batch element ``b``: ``rows`` (a `pl.ds`) by ``cols`` columns, step ``s``
+    taking ``step(s) = (head, tile)``, the tile of the loop along the columns. A tile is
+    copied on the steps of ``spans`` that are masked only (interior tiles are whole, and
+    never read). ``(stream,)``, or () where the call has no dense mask (``ring`` None)."""
+    if ring is None:
+        return ()
     b = b if ref.shape[0] > 1 else 0
-    h = h if ref.shape[1] > 1 else 0
 
     def source(s):
-        return ref.at[b, h, pl.ds(row0, rows), pl.ds((first + s) * block_k, block_k)]
+        h, j = step(s)
+        return ref.at[b, h if ref.shape[1] > 1 else 0, rows, pl.ds(j * cols, cols)]
 
     def copies(s):
-        j = first + s
+        _, j = step(s)
         return functools.reduce(
             jnp.logical_or, [(span.start <= j) & (j < span.stop) for span in spans if span.masked], jnp.bool_(False)
         )
 
-    return Stream(source, *ring, copies)
+    return (Stream(source, *ring, copies),)
 
 
 def step_dense(ring, slot, masked: bool, row0, rows: int):
     """Rows ``row0`` to ``row0 + rows - 1`` of this step's tile of the dense mask from its
-    ``ring`` (`step_tile`), a bool ``wgmma`` tile when the step is ``masked``, else None."""
+    ``ring`` (`step_tile`), a bool ``wgmma`` tile when the step is ``masked``, else None
+    (the ring's tiles hold the consumers' rows, queries or keys, as their scores). None
+    where the call has no dense mask (``ring`` None)."""
+    if ring is None:
+        return None
 
     def read(tile):
         return _load(tile.at[pl.ds(row0, rows)], plgpu.Layout.WGMMA) != 0
@@ -408,8 +421,8 @@ def visible(
     (row, column) and whose axis ``q_axis`` runs over queries (0; 1 in the transposed
     tiles of dK/dV), with the runtime parts of the mask: this program's ``lengths``
     (`read_lengths`), with segment ids its own side's (``own_ids``, loaded once) and
-    the step's (``step_ids``, from the ring), and the dense mask's tile (`step_dense`;
-    queries along axis 0)."""
+    the step's (``step_ids``, from the ring), and the dense mask's tile (`step_dense`,
+    laid out as the scores)."""
     rows, cols = iotas(shape, *corner)
     q_idx, kv_idx = (rows, cols) if q_axis == 0 else (cols, rows)
     runtime = {}
@@ -423,6 +436,15 @@ def visible(
     if spec.has_dense_mask:
         runtime["dense"] = dense
     return spec.visible(q_idx, kv_idx, **runtime)
+
+
+def split_ring(ring_type, refs, tiles, ready, free, spec: MaskSpec):
+    """A ``ring_type`` (`KeyRing`, `QueryRing`) of ``refs``' streams, the first of a ring's
+    ``tiles`` and barriers, and the dense mask's stream after them (tiles, ready, free;
+    None where the call has no dense mask)."""
+    n = len(refs)
+    dense = (tiles[n], ready[n], free[n]) if spec.has_dense_mask else None
+    return ring_type(refs, tiles[:n], ready[:n], free[:n]), dense
 
 
 class KeyRing(NamedTuple):
@@ -463,23 +485,32 @@ class QueryRing(NamedTuple):
     ready: tuple
     free: tuple
 
-    def produce(self, *, first, per_head, head0, heads: int, block_q: int, num_stages: int):
-        """The producer's part: query tiles ``first`` to ``first + per_head - 1`` of each
-        of the ``heads`` query heads from ``head0``, in this program's batch element."""
+    def produce(self, *, step: Callable, steps, block_q: int, num_stages: int, extra=()):
+        """The producer's part: ``steps`` query tiles in this program's batch element, step
+        ``s`` taking ``step(s) = (head, tile)`` (`query_step`), and the ``extra`` streams
+        (`dense_stream`)."""
         b = lax.axis_index("batch")
 
         def source(ref):
             def tile(s):
-                g = lax.div(jnp.asarray(s, jnp.int32), per_head)
-                return rows_of(ref, b, pl.ds((first + s - g * per_head) * block_q, block_q), head0 + g)
+                h, i = step(s)
+                return rows_of(ref, b, pl.ds(i * block_q, block_q), h)
 
             return tile
 
-        produce(heads * per_head, num_stages, [Stream(source(ref), *ring) for ref, *ring in zip(*self)])
+        streams = [Stream(source(ref), *ring) for ref, *ring in zip(*self, strict=True)]
+        produce(steps, num_stages, [*streams, *extra])
 
     def step_ids(self, slot, masked: bool):
         """`step_ids` of the queries' stream (None without segment ids)."""
         return _last_ids(self, 4, slot, masked)
+
+
+def query_step(s, *, first, per_head, head0):
+    """``(head, query tile)`` of step ``s`` of a dK/dV program that visits query tiles
+    ``first`` to ``first + per_head - 1`` of each head from ``head0`` in turn."""
+    g = lax.div(jnp.asarray(s, jnp.int32), per_head)
+    return head0 + g, first + s - g * per_head
 
 
 def _last_ids(ring, operands: int, slot, masked: bool):

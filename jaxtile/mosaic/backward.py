@@ -13,7 +13,9 @@ programs (no atomics: bitwise deterministic):
 Each runs two consumer warpgroups (64 rows of the program's tile each, the rows one
 ``wgmma`` computes) fed by a producer warpgroup's ring of TMA copies (`_ring`). ``P`` is
 recomputed from the forward's lse (base 2), and ``D = rowsum(dO ∘ O)`` comes in
-precomputed (line 4). Only the spans marked masked pay for ``MaskSpec.visible``.
+precomputed (line 4). Only the spans marked masked pay for ``MaskSpec.visible``, and
+only they load a dense mask's tiles (dK/dV reads a transposed copy; with a mask per
+head, a program visits the union of its group's spans).
 """
 
 from __future__ import annotations
@@ -78,14 +80,16 @@ class BackwardTuning:
         """The sequence lengths padded to whole tiles of both kernels."""
         return padded(q_len, CONSUMERS * self.block_q), padded(kv_len, math.lcm(CONSUMERS * self.block_k, self.dq_keys))
 
-    def shared_memory(self, head_dim: int, head_dim_v: int, itemsize: int) -> int:
+    def shared_memory(self, head_dim: int, head_dim_v: int, itemsize: int, dense: bool = False) -> int:
         """Bytes of the larger kernel's tiles: its consumers' own rows (in dK/dV, or the
-        float32 parts of dK, dV they become) and its ring."""
+        float32 parts of dK, dV they become) and its ring (with a ``dense`` mask, its int8
+        tiles of all the program's rows too)."""
         width = (head_dim + head_dim_v) * itemsize
         stats = 3 * 4  # L_i, D_i and a segment id per query row
         own_keys = CONSUMERS * self.block_k * ((head_dim + head_dim_v) * max(itemsize, 4) + 4)
-        dkdv = own_keys + self.num_stages * self.block_q * (width + stats)
-        dq = CONSUMERS * self.block_q * (width + stats) + self.num_stages * self.dq_keys * (width + 4)
+        dkdv = own_keys + self.num_stages * self.block_q * (width + stats + (CONSUMERS * self.block_k if dense else 0))
+        own_rows = CONSUMERS * self.block_q
+        dq = own_rows * (width + stats) + self.num_stages * self.dq_keys * (width + 4 + (own_rows if dense else 0))
         return max(dkdv, dq)
 
     def registers(self, head_dim: int, head_dim_v: int) -> int:
@@ -95,12 +99,12 @@ class BackwardTuning:
         dq = self.block_q * (head_dim + 2 * self.dq_keys)
         return max(dkdv, dq) // 128
 
-    def fits(self, head_dim: int, head_dim_v: int, itemsize: int) -> bool:
-        """Whether both kernels' tiles fit in shared memory and their accumulators and
-        scores in `_REGISTERS`."""
+    def fits(self, head_dim: int, head_dim_v: int, itemsize: int, dense: bool = False) -> bool:
+        """Whether both kernels' tiles fit in shared memory (`shared_memory`) and their
+        accumulators and scores in `_REGISTERS`."""
         return (
             self.registers(head_dim, head_dim_v) <= _REGISTERS
-            and self.shared_memory(head_dim, head_dim_v, itemsize) <= SHARED_MEMORY
+            and self.shared_memory(head_dim, head_dim_v, itemsize, dense) <= SHARED_MEMORY
         )
 
 
@@ -163,18 +167,19 @@ def _unscaled(acc, product, inv_scale):
 def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning):
     """Line 15 for one (query tile of ``2 * block_q`` rows, batch, head):
     ``dQ_i = Σ_j dS_ij K_j``, the producer streaming ``K_j`` and ``V_j`` (and with segment
-    ids, the keys' ids). ``refs``: the operands, the runtime parts of the mask the call
-    has (`_ring.runtime_operands`), dq and the shared memory."""
+    ids, the keys' ids; with a dense mask, its tiles on masked steps). ``refs``: the
+    operands, the runtime parts of the mask the call has (`_ring.runtime_operands`), dq
+    and the shared memory."""
     q_ref, k_ref, v_ref, do_ref, lse2_ref, delta_ref, *runtime, dq_ref, scoped = refs
-    ids, lengths_ref, _, bounds_ref = _ring.runtime_refs(spec, runtime)  # no dense masks here (`v3._backward`)
+    ids, lengths_ref, dense_ref, bounds_ref = _ring.runtime_refs(spec, runtime)
     (own, ring), (own_ready, ready, free) = scoped
     (k_smem, v_smem, *_), (k_ready, v_ready, *_), (k_free, v_free, *_) = ring, ready, free
-    keys = _ring.KeyRing((k_ref, v_ref, *ids[1:]), ring, ready, free)
+    keys, dense_ring = _ring.split_ring(_ring.KeyRing, (k_ref, v_ref, *ids[1:]), ring, ready, free, spec)
     bq, bk, stages = tuning.block_q, tuning.dq_keys, tuning.num_stages
     rows = CONSUMERS * bq
     h, b, wg = lax.axis_index("heads"), lax.axis_index("batch"), lax.axis_index("wg")
     t = _ring.query_tile(spec, dims.q_len // rows, lax.axis_index("q_tiles"))
-    spans, first, steps = _ring.key_spans(spec, rows, bk, t, b, bounds_ref)
+    spans, first, steps = _ring.key_spans(spec, rows, bk, t, b, bounds_ref, h)
 
     @pl.when(wg < CONSUMERS)
     def _consumer():
@@ -198,11 +203,12 @@ def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning):
             scores, dp = _products((None, q_i, k_j.transpose((1, 0))), (None, do_i, v_j.transpose((1, 0))))
             plgpu.barrier_arrive(v_free.at[slot])
             pre = logits.pre(scores)
-            kv_segment = keys.step_ids(slot, masked)  # the keys' ids ride the ring
+            kv_segment = keys.step_ids(slot, masked)  # the keys' ids ride the ring, as the dense mask
+            dense = _ring.step_dense(dense_ring, slot, masked, wg * bq, bq)
             p = jnp.exp2(pre * logits.factor - along(lse2, pre.shape, 0))
             visible = None
             if masked:
-                runtime = dict(lengths=lengths, own_ids=q_segment, step_ids=kv_segment)
+                runtime = dict(lengths=lengths, own_ids=q_segment, step_ids=kv_segment, dense=dense)
                 visible = _ring.visible(spec, (row0, j * bk), pre.shape, 0, **runtime)
                 p = jnp.where(visible, p, 0.0)
             ds, inv_scale = _rounded(_scores_grad(p, dp, delta, pre, logits, visible, 0), k_ref.dtype)
@@ -223,7 +229,9 @@ def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning):
     def _producer():
         plgpu.set_max_registers(_ring.PRODUCER_REGISTERS, action="decrease")
         h_kv = lax.div(h, jnp.int32(dims.group))
-        keys.produce(b=b, h_kv=h_kv, first=first, steps=steps, block_k=bk, num_stages=stages)
+        where = dict(b=b, rows=pl.ds(t * rows, rows), cols=bk, step=lambda s: (h, first + s))
+        extra = _ring.dense_stream(dense_ref, dense_ring, spans, **where)
+        keys.produce(b=b, h_kv=h_kv, first=first, steps=steps, block_k=bk, num_stages=stages, extra=extra)
 
 
 def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int):
@@ -231,23 +239,27 @@ def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int):
     query heads), transposed: the producer streams ``Q_i``, ``dO_i``, ``L_i`` and ``D_i``
     of each (head of the share, query tile) in turn. With several shares, each writes its
     float32 part of dK_j, dV_j through tiles that reuse the memory of K_j, V_j. ``refs``:
-    the operands, the runtime parts of the mask the call has (`_ring.runtime_operands`;
-    the queries' segment ids ride the ring), dk, dv and the shared memory."""
+    the operands, the runtime parts of the mask the call has (`_ring.runtime_operands`,
+    transposed; the queries' segment ids ride the ring, as the dense mask's tiles on
+    masked steps, whose spans are those of every head of the group), dk, dv and the
+    shared memory."""
     q_ref, k_ref, v_ref, do_ref, lse2_ref, delta_ref, *runtime, dk_ref, dv_ref, scoped = refs
-    ids, lengths_ref, _, bounds_ref = _ring.runtime_refs(spec, runtime)  # no dense masks here (`v3._backward`)
+    ids, lengths_ref, dense_ref, bounds_ref = _ring.runtime_refs(spec, runtime)
     (own, own_ids, ring), (own_ready, consumed, ready, free) = scoped
     (k_smem, v_smem), (dk_smem, dv_smem) = own if splits > 1 else (own, own)
     (q_smem, do_smem, lse_smem, delta_smem, *_) = ring
     (q_ready, do_ready, lse_ready, delta_ready, *_), (q_free, do_free, lse_free, delta_free, *_) = ready, free
-    queries = _ring.QueryRing((q_ref, do_ref, lse2_ref, delta_ref, *ids[:1]), ring, ready, free)
+    streams = (q_ref, do_ref, lse2_ref, delta_ref, *ids[:1])
+    queries, dense_ring = _ring.split_ring(_ring.QueryRing, streams, ring, ready, free, spec)
     bq, bk, stages = tuning.block_q, tuning.block_k, tuning.num_stages
     keys = CONSUMERS * bk
     share, b, wg = lax.axis_index("shares"), lax.axis_index("batch"), lax.axis_index("wg")
     h_kv = lax.div(share, jnp.int32(splits))
     j = lax.axis_index("kv_tiles")
-    spans = spec.q_spans(j, bq, keys, _ring.tile_bounds(bounds_ref, j, b))
-    first, per_head = spans[0].start, spans[-1].stop - spans[0].start
+    spans = spec.q_spans(j, bq, keys, _ring.tile_bounds(bounds_ref, j, b, h_kv))
+    first, per_head = spans[0].start, jnp.int32(spans[-1].stop - spans[0].start)
     group = dims.group // splits
+    query_step = functools.partial(_ring.query_step, first=first, per_head=per_head, head0=share * group)
 
     @pl.when(wg < CONSUMERS)
     def _consumer():
@@ -275,9 +287,10 @@ def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int):
             plgpu.barrier_arrive(lse_free.at[slot])
             p_t = jnp.exp2(pre_t * logits.factor - along(lse2, pre_t.shape, 1))
             visible = None
-            q_segment = queries.step_ids(slot, masked)  # the queries' ids ride the ring
+            q_segment = queries.step_ids(slot, masked)  # the queries' ids ride the ring, as the dense mask
+            dense = _ring.step_dense(dense_ring, slot, masked, wg * bk, bk)
             if masked:
-                runtime = dict(lengths=lengths, own_ids=kv_segment, step_ids=q_segment)
+                runtime = dict(lengths=lengths, own_ids=kv_segment, step_ids=q_segment, dense=dense)
                 visible = _ring.visible(spec, (key0, i * bq), pre_t.shape, 1, **runtime)
                 p_t = jnp.where(visible, p_t, 0.0)
             plgpu.barrier_wait(delta_ready.at[slot])
@@ -316,9 +329,9 @@ def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int):
     @pl.when(wg == CONSUMERS)
     def _producer():
         plgpu.set_max_registers(_ring.PRODUCER_REGISTERS, action="decrease")
-        queries.produce(
-            first=first, per_head=jnp.int32(per_head), head0=share * group, heads=group, block_q=bq, num_stages=stages
-        )
+        where = dict(b=b, rows=pl.ds(j * keys, keys), cols=bq, step=query_step)
+        extra = _ring.dense_stream(dense_ref, dense_ring, spans, **where)
+        queries.produce(step=query_step, steps=group * per_head, block_q=bq, num_stages=stages, extra=extra)
 
 
 def backward_temporaries(shape: Shape, tuning: BackwardTuning) -> int:
@@ -361,7 +374,7 @@ def backward_pass(inputs: Inputs, out, lse, dout, dlse, config: Config, tuning: 
         return (smem(dtype, CONSUMERS, rows, head_dim), smem(dtype, CONSUMERS, rows, head_dim_v))
 
     # dK/dV: each consumer's K_j, V_j (and the keys' ids); a ring of Q_i, dO_i, L_i, D_i
-    # (and the queries' ids).
+    # (and the queries' ids, the dense mask's tiles).
     splits = dims.head_shares(kv_len // (CONSUMERS * bk), _MIN_PROGRAMS)
     shares = dims.num_kv_heads * splits
     own, own_ids = own_tiles(bk), _ring.segment_tiles(mask, CONSUMERS, bk)
@@ -372,7 +385,7 @@ def backward_pass(inputs: Inputs, out, lse, dout, dlse, config: Config, tuning: 
         )
     ring = (smem(dtype, stages, bq, head_dim), smem(dtype, stages, bq, head_dim_v))
     ring += (plgpu.SMEM((stages, bq), jnp.float32), plgpu.SMEM((stages, bq), jnp.float32))
-    ring += _ring.segment_tiles(mask, stages, bq)
+    ring += _ring.segment_tiles(mask, stages, bq) + _ring.dense_tiles(mask, stages, CONSUMERS * bk, bq)
     part = jnp.float32 if splits > 1 else dtype
     dk, dv = _ring.launch(
         functools.partial(_dkdv_kernel, splits=splits, **statics),
@@ -396,12 +409,12 @@ def backward_pass(inputs: Inputs, out, lse, dout, dlse, config: Config, tuning: 
             for x in (dk, dv)
         )
     # dQ: each consumer's Q_i, dO_i, L_i, D_i (and the rows' ids); a ring of K_j, V_j (and
-    # the keys' ids).
+    # the keys' ids, the dense mask's tiles).
     dq_bk = tuning.dq_keys
     own = (*own_tiles(bq), plgpu.SMEM((CONSUMERS, bq), jnp.float32), plgpu.SMEM((CONSUMERS, bq), jnp.float32))
     own += _ring.segment_tiles(mask, CONSUMERS, bq)
     ring = (smem(dtype, stages, dq_bk, head_dim), smem(dtype, stages, dq_bk, head_dim_v))
-    ring += _ring.segment_tiles(mask, stages, dq_bk)
+    ring += _ring.segment_tiles(mask, stages, dq_bk) + _ring.dense_tiles(mask, stages, CONSUMERS * bq, dq_bk)
     (dq,) = _ring.launch(
         functools.partial(_dq_kernel, **statics),
         (*operands, *_ring.runtime_operands(inputs, mask, q_len, kv_len, CONSUMERS * bq, dq_bk)),

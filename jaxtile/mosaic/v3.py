@@ -24,9 +24,8 @@ the ring on the masked steps alone. A dense mask that reads as causal (Flax's) r
 Rows that see no key give an output of 0 and an lse of ``-inf``.
 
 The backward pass recomputes attention from the lse this forward saves, in the two
-kernels of `jaxtile.mosaic.backward` where their tiles fit (head dims up to 128) and
-the call has no dense mask, else in the Triton family's (`jaxtile.triton.v2`;
-``tuning="autotune"`` tunes that one).
+kernels of `jaxtile.mosaic.backward` where their tiles fit (head dims up to 128), else
+in the Triton family's (`jaxtile.triton.v2`; ``tuning="autotune"`` tunes that one).
 """
 
 from __future__ import annotations
@@ -187,9 +186,7 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
     ids, lengths_ref, dense_ref, bounds_ref = _ring.runtime_refs(spec, runtime)
     (own, ring, o_smem, lse_smem), (own_ready, ready, free), turn = scoped
     (k_smem, v_smem, *_), (k_ready, v_ready, *_), (k_free, v_free, *_) = ring, ready, free
-    n = 2 + len(ids[1:])  # the streams of K, V and the keys' ids; the dense mask's after them
-    keys = _ring.KeyRing((k_ref, v_ref, *ids[1:]), ring[:n], ready[:n], free[:n])
-    dense_ring = (ring[n], ready[n], free[n]) if spec.has_dense_mask else None
+    keys, dense_ring = _ring.split_ring(_ring.KeyRing, (k_ref, v_ref, *ids[1:]), ring, ready, free, spec)
     bq, bk, stages = tuning.block_q, tuning.block_k, tuning.num_stages
     rows = CONSUMERS * bq
     wg = lax.axis_index("wg")
@@ -255,7 +252,7 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
                 pre = logits.pre(pl.run_scoped(qk, plgpu.ACC((bq, bk), jnp.float32)))
                 plgpu.barrier_arrive(k_free.at[slot])
                 kv_segment = keys.step_ids(slot, masked)  # the keys' ids ride the ring, as the dense mask
-                dense = None if dense_ring is None else _ring.step_dense(dense_ring, slot, masked, wg * bq, bq)
+                dense = _ring.step_dense(dense_ring, slot, masked, wg * bq, bq)
                 if masked:
                     runtime = dict(lengths=lengths, own_ids=q_segment, step_ids=kv_segment, dense=dense)
                     pre = jnp.where(_ring.visible(spec, (row0, j * bk), pre.shape, 0, **runtime), pre, -jnp.inf)
@@ -317,10 +314,8 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
         def run(i, done):
             (h, t, b), spans, first, steps = tile(i)
             h_kv = lax.div(h, jnp.int32(dims.group))
-            extra = ()
-            if dense_ring is not None:
-                where = dict(b=b, h=h, row0=t * rows, rows=rows, first=first, block_k=bk)
-                extra = (_ring.dense_stream(dense_ref, dense_ring, spans, **where),)
+            where = dict(b=b, rows=pl.ds(t * rows, rows), cols=bk, step=lambda s: (h, first + s))
+            extra = _ring.dense_stream(dense_ref, dense_ring, spans, **where)
             keys.produce(
                 b=b, h_kv=h_kv, first=first, steps=steps, block_k=bk, num_stages=stages, done=done, extra=extra
             )
@@ -438,13 +433,12 @@ def _forward(inputs: Inputs, config: Config):
 
 def _backward(inputs: Inputs, out, lse, dout, dlse, config: Config):
     """The Mosaic backward kernels where their tiles fit (`BackwardTuning.fits`: head dims
-    up to 128) and the call has no dense mask (which they do not read), else the Triton
-    family's (with its own tuning, or ``"autotune"``, when the call names one);
-    ``(dq, dk, dv, None)``."""
+    up to 128), else the Triton family's (with its own tuning, or ``"autotune"``, when
+    the call names one); ``(dq, dk, dv, None)``."""
     dims = Shape.of(inputs.q, inputs.k, inputs.v)
     head_dim, head_dim_v = padded(dims.head_dim, WGMMA_ROWS), padded(dims.head_dim_v, WGMMA_ROWS)
     tuning = (config.tuning if isinstance(config.tuning, Tuning) else Tuning()).backward_for(head_dim, head_dim_v)
-    if config.mask.has_dense_mask or not tuning.fits(head_dim, head_dim_v, dims.itemsize):
+    if not tuning.fits(head_dim, head_dim_v, dims.itemsize, config.mask.has_dense_mask):
         if isinstance(config.tuning, Tuning):  # this family's: the Triton kernels take their table's
             config = dataclasses.replace(config, tuning=None)
         return triton_v2.IMPLEMENTATION.backward(inputs, out, lse, dout, dlse, config)
