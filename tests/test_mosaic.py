@@ -268,12 +268,15 @@ def test_tiles_are_multiples_of_wgmma_s_rows():
     for head_dim, block_k in ((64, 256), (128, 128), (256, 64)):
         tuning = v3.default_tuning(head_dim, head_dim, 2)
         assert tuning.block_k == block_k and tuning.shared_memory(head_dim, head_dim, 2) <= _ring.SHARED_MEMORY
-        # The backward's query tiles: 128 rows at head dim 64 (measured), 64 beyond; the
-        # same for a user's tuning that names none.
+        # The backward's query tiles: 128 rows at head dim 64 (measured), 64 beyond or with
+        # a dense mask (128 spilled); the same for a user's tuning that names none.
         for user in (tuning, v3.Tuning(block_q=128), v3.Tuning(num_stages=3)):
             backward = user.backward_for(head_dim, head_dim)
             assert backward == mosaic_backward.BackwardTuning(block_q=128 if head_dim == 64 else 64)
             assert backward.fits(head_dim, head_dim, 2) == (head_dim <= 128)
+            dense = user.backward_for(head_dim, head_dim, dense=True)
+            assert dense == mosaic_backward.BackwardTuning(block_q=64)
+            assert dense.fits(head_dim, head_dim, 2, dense=True) == (head_dim <= 128)
         named = mosaic_backward.BackwardTuning(block_q=64, block_k=64)
         assert v3.Tuning(backward=named).backward_for(head_dim, head_dim) == named
     # Tiles asked for that do not fit shrink: stages, then key tiles, then query tiles.

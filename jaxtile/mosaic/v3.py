@@ -80,9 +80,9 @@ class Tuning:
         if not isinstance(self.persistent, bool):
             raise ValueError(f"persistent={self.persistent!r} must be a bool")
 
-    def backward_for(self, head_dim: int, head_dim_v: int) -> BackwardTuning:
-        """`backward`, or `default_backward_tuning` of these (padded) head dims."""
-        return self.backward or default_backward_tuning(head_dim, head_dim_v)
+    def backward_for(self, head_dim: int, head_dim_v: int, dense: bool = False) -> BackwardTuning:
+        """`backward`, or `default_backward_tuning` of these (padded) head dims and mask."""
+        return self.backward or default_backward_tuning(head_dim, head_dim_v, dense)
 
     def shared_memory(self, head_dim: int, head_dim_v: int, itemsize: int, dense: bool = False) -> int:
         """Bytes of the query/output tiles, the ring (with a ``dense`` mask, its int8 tiles
@@ -437,8 +437,11 @@ def _backward(inputs: Inputs, out, lse, dout, dlse, config: Config):
     the call names one); ``(dq, dk, dv, None)``."""
     dims = Shape.of(inputs.q, inputs.k, inputs.v)
     head_dim, head_dim_v = padded(dims.head_dim, WGMMA_ROWS), padded(dims.head_dim_v, WGMMA_ROWS)
-    tuning = (config.tuning if isinstance(config.tuning, Tuning) else Tuning()).backward_for(head_dim, head_dim_v)
-    if not tuning.fits(head_dim, head_dim_v, dims.itemsize, config.mask.has_dense_mask):
+    dense = config.mask.has_dense_mask
+    tuning = (config.tuning if isinstance(config.tuning, Tuning) else Tuning()).backward_for(
+        head_dim, head_dim_v, dense
+    )
+    if not tuning.fits(head_dim, head_dim_v, dims.itemsize, dense):
         if isinstance(config.tuning, Tuning):  # this family's: the Triton kernels take their table's
             config = dataclasses.replace(config, tuning=None)
         return triton_v2.IMPLEMENTATION.backward(inputs, out, lse, dout, dlse, config)
