@@ -463,9 +463,10 @@ IMPLEMENTATION = registry.register(
         features=frozenset({"causal", "window", "segments", "dense_mask", "lengths", "gqa", "soft_cap"}),
         max_head_dim=256,
         power_of_two_blocks=True,
-        # Flax's causal mask runs as causal=True: the Mosaic backward, not pallas_v2's
-        # (H100, head dim 64, 4K: forward+backward 0.91x cuDNN against 0.69x read as a
-        # dense mask; forward 0.94x against 0.91x; `bench/results/h100/dense_mask/`).
+        # Flax's causal mask runs as causal=True, faster than read as a dense mask (H100,
+        # head dim 64, 4K: forward+backward 0.92x cuDNN against 0.86x, with the dense
+        # backward on the Mosaic kernels too; forward 0.94x against 0.91x;
+        # `bench/results/h100/dense_mask/`).
         recognises_masks=True,
         lse_backward=True,
         tuning=Tuning,
