@@ -12,6 +12,7 @@ import types
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from jax.experimental import pallas as pl
 from jax_settings import SETTINGS
@@ -122,6 +123,34 @@ def test_a_dense_mask_rides_the_ring_on_masked_steps_only():
     copies = [bool(stream.copies(jnp.int32(s))) for s in range(8)]
     assert copies == [True, True, False, False, False, False, False, True]
     assert _ring.dense_stream(ref, None, spans, **where) == ()
+
+
+def test_the_dkdv_kernel_reads_a_transposed_mask_within_its_groups_union_of_bounds():
+    """For dK/dV (``transposed``) the dense mask comes as int8 ``[..., kv_len, q_len]``, and
+    a mask per head gives each kv head the bounds of all its query heads: the union of
+    the tiles they visit, the intersection of their interiors (`uniform_bounds`), which
+    hold every (query tile, key tile) pair any of them sees."""
+    batch, q_len, kv_len, heads, kv_heads = 2, 200, 256, 4, 2
+    rng = np.random.default_rng(0)
+    mask = rng.random((batch, heads, q_len, kv_len)) < 0.02  # sparse: many tiles hidden for some heads
+    mask[:, :, :64, :128] = True  # a tile every head sees whole
+    q = jnp.zeros((batch, q_len, heads, 64), jnp.bfloat16)
+    k = jnp.zeros((batch, kv_len, kv_heads, 64), jnp.bfloat16)
+    inputs = Inputs(q, k, k, mask=jnp.asarray(mask))
+    spec = MaskSpec.create(q_len, kv_len, has_dense_mask=True)
+    dense_t, bounds = _ring.runtime_operands(inputs, spec, 256, 256, 64, 128, transposed=True)
+    assert dense_t.dtype == jnp.int8 and dense_t.shape == (batch, heads, 256, 256)
+    np.testing.assert_array_equal(np.asarray(dense_t)[:, :, :kv_len, :q_len], np.swapaxes(mask, 2, 3))
+    assert bounds.shape == (batch, kv_heads, 2, 4)
+    per_head = np.asarray(spec.tile_bounds(64, 128, transposed=True, dense=jnp.asarray(mask)))
+    for b in range(batch):
+        for h in range(heads):
+            lo, full_lo, full_hi, hi = np.asarray(bounds)[b, h // 2].T
+            h_lo, h_full_lo, h_full_hi, h_hi = per_head[b, h].T
+            assert np.all(lo <= h_lo) and np.all(hi >= h_hi)  # every tile a head visits
+            assert np.all((full_lo >= h_full_lo) | (full_lo == full_hi))  # interiors whole for every head
+            assert np.all((full_hi <= h_full_hi) | (full_lo == full_hi))
+    assert np.asarray(bounds)[0, 0, 0, 1] == 0 and np.asarray(bounds)[0, 0, 0, 2] == 1  # the tile all see whole
 
 
 def test_the_dkdv_kernel_steps_through_the_query_tiles_of_each_head():
