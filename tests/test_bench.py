@@ -487,8 +487,9 @@ def test_decode_variants_read_the_pages_in_their_tiles_and_shares(monkeypatch):
     want = np.asarray(attends["jaxtile"](*args))
     for name in chosen:
         np.testing.assert_allclose(np.asarray(attends[name](*args)), want, rtol=1e-5, atol=1e-5, err_msg=name)
-    # 32-key tiles in the shares pages take (8 tiles: 2), the 16-bit default's 128 in 3.
-    assert seen == [(32, 2, True), (128, 3, True)]
+    # 32-key tiles in the shares pages take (8 tiles: one share of `_MIN_TILES`), the
+    # 16-bit default's 128 in 3.
+    assert seen == [(32, 256 // 32 // pallas_decode._MIN_TILES, True), (128, 3, True)]
 
 
 def test_decode_moves_the_filled_cache_once():

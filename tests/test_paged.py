@@ -322,7 +322,7 @@ def test_decode_share_count_must_be_a_positive_int(num_splits):
 def test_paged_decode_reads_pages_with_the_users_tuning(monkeypatch, num_splits):
     """``paged_attention(tuning=decode.Tuning(...))``: pallas_decode reads the pages in
     the user's 64-key tiles and ``num_splits`` shares, not its defaults for pages (here
-    32-key float32 tiles in 4 shares), and gives the float64 reference's output and lse."""
+    32-key float32 tiles in 2 shares), and gives the float64 reference's output and lse."""
     case = Paged("user_tuning", kv_lengths=(512, 301), q_len=3, page_size=16, pages_per_sequence=32)
     arrays = _inputs(case)
     seen = []

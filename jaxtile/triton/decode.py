@@ -32,13 +32,21 @@ from jaxtile.triton import tuning as tn
 from jaxtile.triton import v2
 
 MAX_Q_LEN = 16
-# Fewest key tiles per share: below this, merging costs more than the parallelism gains.
-_MIN_TILES = 4
+# Fewest key tiles per share: below this, merging costs more than the parallelism gains
+# (one query, 4096 keys in 32 tiles, batch 2 to 20 on an H100: shares of 4 or 5 tiles ran
+# 0.89-0.96x as fast as fewer shares in four shapes, of 7 or 8 tiles 0.91-1.03x in five;
+# bench/results/h100/decode_shares/).
+_MIN_TILES = 8
 # A wave of programs with at least this fraction of the SMs busy reads at the full HBM
-# bandwidth: one program per SM, 96 of an H200's 132 read a 131072-key cache as fast as
-# 128 did, while a second wave of 60 took 20% longer than none
-# (bench/results/h200/decode_a00ffe3.log).
-_SATURATING = 0.7
+# bandwidth (and a wave with fewer takes as long as one with this many). On an H100, one
+# query against 32768 or 131072 keys at batch 1 to 20: shares that fill the last wave to
+# 0.95 of the SMs ran 0.995-1.071x as fast as the fewest that fill it to 0.7 (geomean
+# 1.032x, 22 shapes; at batch 1, 16 shares' 128 programs against 12 to 15 shares' 96 to 120, 3-5%
+# in 7 of 8 comparisons; bench/results/h100/decode_shares/). On an H200, 16 shares against
+# 12 at batch 1 were 0-1% slower in two runs and 4-8% faster in a third
+# (decode_a00ffe3.log, decode_splits_ff464b4.log, decode_splits_cac0d9b.log). A second
+# wave of 28 or 60 programs took 9-20% longer than none there.
+_SATURATING = 0.95
 # Shares within this factor of the fewest waves' time count as equal: the fewest win.
 _TOLERANCE = 1.02
 # Programs per SM to aim for when reading pages: with a contiguous cache's one per SM,
