@@ -152,8 +152,9 @@ def test_dkdv_splits_a_group_over_programs_exactly(monkeypatch, min_programs):
 def test_decode_shares_the_cache_out_in_whole_waves(batch, q_len, kv_len, shares):
     """Split-KV decoding (GQA 32:8, 128-key tiles) on Hopper's 132 SMs: the fewest
     shares whose programs fill the waves they run in (at batch 1, 16 shares' 128 programs
-    rather than 12 shares' 96 or 13 to 15 shares', as measured on an H100, bench/results/h100/decode_shares/),
-    none under the fewest key tiles worth merging; from pages, more."""
+    rather than the 96 to 120 of 12 to 15 shares, as measured on an H100,
+    bench/results/h100/decode_shares/), none under the fewest key tiles worth merging;
+    from pages, more."""
     dims = Shape(batch, q_len, kv_len, 32, 8, 128, 128, 2)
     tiles = pk.Tiles.fit(
         KernelTuning(64, 128, 4, 3), dims, jnp.bfloat16, pallas_v2._FORWARD, LIMITS["sm90"], packable=True

@@ -41,11 +41,12 @@ _MIN_TILES = 8
 # bandwidth (and a wave with fewer takes as long as one with this many). On an H100, one
 # query against 32768 or 131072 keys at batch 1 to 20: shares that fill the last wave to
 # 0.95 of the SMs ran 0.995-1.071x as fast as the fewest that fill it to 0.7 (geomean
-# 1.032x, 22 shapes; at batch 1, 16 shares' 128 programs against 12 to 15 shares' 96 to 120, 3-5%
-# in 7 of 8 comparisons; bench/results/h100/decode_shares/). On an H200, 16 shares against
-# 12 at batch 1 were 0-1% slower in two runs and 4-8% faster in a third
-# (decode_a00ffe3.log, decode_splits_ff464b4.log, decode_splits_cac0d9b.log). A second
-# wave of 28 or 60 programs took 9-20% longer than none there.
+# 1.032x, 22 shapes); at batch 1, 16 shares (128 programs) ran 3-5% faster than 12 (96)
+# in 7 of 8 comparisons, and 13 to 15 (104 to 120) within 2% of 12
+# (bench/results/h100/decode_shares/). On an H200, 16 shares against 12 at batch 1 were
+# 0-1% slower in two runs and 4-8% faster in a third (decode_a00ffe3.log,
+# decode_splits_ff464b4.log, decode_splits_cac0d9b.log). A second wave took 9-11% longer
+# than none with 28 programs in it (H100), 20% with 60 (H200).
 _SATURATING = 0.95
 # Shares within this factor of the fewest waves' time count as equal: the fewest win.
 _TOLERANCE = 1.02
