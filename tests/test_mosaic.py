@@ -167,8 +167,7 @@ def test_the_dkdv_kernel_steps_through_the_query_tiles_of_each_head():
 
 
 def _backward_lowerings():
-    """(call, runtime mask, dq_block_k) of every call whose head dims are at most 128,
-    where the tiles fit with the mask (`BackwardTuning.fits`; else the Triton backward
+    """(call, runtime mask, dq_block_k) of every call where the tiles fit with the mask (`BackwardTuning.fits`; else the Triton backward
     runs, as `_backward` is tested to choose)."""
     params = []
     for name, call in CALLS.items():
@@ -182,9 +181,9 @@ def _backward_lowerings():
 
 @pytest.mark.parametrize("name, runtime, dq_block_k", _backward_lowerings())
 def test_the_backward_kernels_lower_for_cuda(name, runtime, dq_block_k):
-    """The dK/dV and dQ kernels of every call whose tiles fit, with and without runtime
-    masks (a dense mask per head over GQA groups too), and with the dQ kernel's key
-    tiles as dK/dV's or twice them, traced and lowered to Mosaic GPU, with gradients of
+    """The dK/dV and dQ kernels of every call whose tiles fit (head dim 256 with roles),
+    with and without runtime masks (a dense mask per head over GQA groups too), and with
+    the dQ kernel's key tiles as dK/dV's or twice them, traced and lowered to Mosaic GPU, with gradients of
     the inputs' shapes and dtypes."""
     inputs, config = _call(*CALLS[name], runtime=runtime)
     tuning = mosaic_backward.BackwardTuning(dq_block_k=dq_block_k)
@@ -203,10 +202,10 @@ def test_the_backward_kernels_lower_for_cuda(name, runtime, dq_block_k):
 
 
 def test_the_backward_takes_the_triton_kernels_where_its_tiles_do_not_fit(monkeypatch):
-    """Head dims past 128 (dK_j and dV_j would not fit in a consumer's registers) go to the
-    Triton family's backward, with the call's tuning dropped where it is Mosaic's; dense
-    masks stay with the Mosaic kernels, unless their tiles leave no room for the mask's
-    ring (128-key dQ tiles at head dim 128)."""
+    """Tiles that do not fit (128-key tiles at head dim 256, whose dK consumer would hold
+    384 registers; 128-key dQ tiles beside a dense mask's ring at head dim 128) send the
+    backward to the Triton family's kernels, with the call's tuning dropped where it is
+    Mosaic's; head dim 256 (with roles) and dense masks stay with the Mosaic kernels."""
     calls = []
     monkeypatch.setattr(v3, "backward_pass", lambda *args: calls.append("mosaic") or (None,) * 3)
     triton = types.SimpleNamespace(backward=lambda *args: calls.append(("triton", args[-1].tuning)) or (None,) * 4)
@@ -214,14 +213,15 @@ def test_the_backward_takes_the_triton_kernels_where_its_tiles_do_not_fit(monkey
     for name, tuning, runtime in (
         ("causal", v3.Tuning(), ""),
         ("d256_causal", v3.Tuning(), ""),
-        ("d256_causal", "autotune", ""),
+        ("d256_causal", "autotune", "dense"),
+        ("d256_causal", v3.Tuning(backward=mosaic_backward.BackwardTuning(block_k=128)), ""),
         ("causal", v3.Tuning(), "dense"),
         ("causal", v3.Tuning(backward=mosaic_backward.BackwardTuning(dq_block_k=128)), ""),
         ("causal", v3.Tuning(backward=mosaic_backward.BackwardTuning(dq_block_k=128)), "dense"),
     ):
         inputs, config = _call(*CALLS[name], runtime=runtime, tuning=tuning)
         v3._backward(inputs, None, None, None, None, config)
-    assert calls == ["mosaic", ("triton", None), ("triton", "autotune"), "mosaic", "mosaic", ("triton", None)]
+    assert calls == ["mosaic", "mosaic", "mosaic", ("triton", None), "mosaic", "mosaic", ("triton", None)]
 
 
 def test_backward_tiles_fit_as_measured():
@@ -232,7 +232,10 @@ def test_backward_tiles_fit_as_measured():
     tuning = mosaic_backward.BackwardTuning
     assert tuning().fits(128, 128, 2) and tuning(block_q=128).fits(64, 64, 2)
     assert tuning(dq_block_k=128).fits(128, 128, 2) and tuning(dq_block_k=128).fits(64, 64, 2)
-    assert not tuning().fits(256, 256, 2)  # dK_j and dV_j alone take 256 registers
+    assert tuning().fits(256, 256, 2) and tuning().fits(192, 256, 2)  # with roles: one accumulator each
+    assert tuning().registers(256, 256) == 192 and tuning().registers(128, 128) == 192
+    assert not tuning(block_k=128).fits(256, 256, 2)  # the dK consumer: dK_j, Sᵀ, dPᵀ in 384
+    assert not tuning(dq_block_k=128).fits(256, 256, 2)  # dQ_i, S, dP in 256
     assert not tuning(block_k=128).fits(128, 128, 2)  # spilled: 25-40% slower
     assert not tuning(block_q=128).fits(128, 128, 2)  # spilled
     assert not tuning(block_k=128).fits(64, 64, 2)  # spilled: 268 against 389 TFLOP/s
@@ -302,10 +305,10 @@ def test_tiles_are_multiples_of_wgmma_s_rows():
         for user in (tuning, v3.Tuning(block_q=128), v3.Tuning(num_stages=3)):
             backward = user.backward_for(head_dim, head_dim)
             assert backward == mosaic_backward.BackwardTuning(block_q=128 if head_dim == 64 else 64)
-            assert backward.fits(head_dim, head_dim, 2) == (head_dim <= 128)
+            assert backward.fits(head_dim, head_dim, 2)
             dense = user.backward_for(head_dim, head_dim, dense=True)
             assert dense == mosaic_backward.BackwardTuning(block_q=64)
-            assert dense.fits(head_dim, head_dim, 2, dense=True) == (head_dim <= 128)
+            assert dense.fits(head_dim, head_dim, 2, dense=True)
         named = mosaic_backward.BackwardTuning(block_q=64, block_k=64)
         assert v3.Tuning(backward=named).backward_for(head_dim, head_dim) == named
     # Tiles asked for that do not fit shrink: stages, then key tiles, then query tiles.
@@ -422,9 +425,32 @@ def test_every_swept_backward_candidate_fits():
 
 # Backward calls whose tiles are partly masked in every way the kernels handle: a causal
 # GQA group over lengths that are no tile multiple; packed documents in sequences of
-# their own lengths (float16's scaled dS); a two-sided window, MQA and padded head dims.
+# their own lengths (float16's scaled dS); a two-sided window, MQA and padded head dims;
+# each of them again past head dim 128, where the kernels divide the work by role.
 BACKWARD_CASES = [
     Case("gqa_causal_300", q_len=300, num_heads=8, num_kv_heads=2, head_dim=128, dtype="bfloat16", causal=True),
+    Case("gqa_causal_300_d256", q_len=300, num_heads=8, num_kv_heads=2, head_dim=256, dtype="bfloat16", causal=True),
+    Case(
+        "segments_lengths_d160_v256",
+        batch=(3,),
+        q_len=200,
+        head_dim=160,
+        head_dim_v=256,
+        dtype="float16",
+        causal=True,
+        segments=3,
+        lengths="ragged",
+    ),
+    Case(
+        "window_mqa_d200_v136",
+        q_len=260,
+        kv_len=330,
+        num_kv_heads=1,
+        head_dim=200,
+        head_dim_v=136,
+        dtype="bfloat16",
+        window=(40, 10),
+    ),
     Case(
         "segments_lengths_d64",
         batch=(3,),
@@ -467,6 +493,17 @@ DENSE_CASES = [
     ),
     Case("padding_fp16_d64", batch=(3,), q_len=700, head_dim=64, dtype="float16", mask="padding"),
     Case("empty_rows_window", q_len=520, head_dim=128, dtype="bfloat16", window=(100, 30), mask="empty_rows"),
+    Case(
+        "random_gqa_d256",
+        batch=(2,),
+        q_len=300,
+        kv_len=500,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=256,
+        dtype="bfloat16",
+        mask="random",
+    ),
 ]
 
 

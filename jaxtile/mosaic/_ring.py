@@ -521,11 +521,11 @@ def _last_ids(ring, operands: int, slot, masked: bool):
     return step_ids((ring.tiles[operands], ring.ready[operands], ring.free[operands]), slot, masked, 1)
 
 
-def ring_barriers(tiles):
+def ring_barriers(tiles, consumers: int = CONSUMERS):
     """The ready barriers and the free barriers (one arrival per consumer) of a ring's
     streams, ``tiles`` being their ``[num_stages, ...]`` slots."""
     ready = tuple(plgpu.Barrier(num_barriers=t.shape[0]) for t in tiles)
-    free = tuple(plgpu.Barrier(num_arrivals=CONSUMERS, num_barriers=t.shape[0]) for t in tiles)
+    free = tuple(plgpu.Barrier(num_arrivals=consumers, num_barriers=t.shape[0]) for t in tiles)
     return ready, free
 
 

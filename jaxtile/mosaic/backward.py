@@ -11,7 +11,8 @@ programs (no atomics: bitwise deterministic):
   see (`MaskSpec.kv_spans`), accumulating ``dQ_i += dS K_j``.
 
 Each runs two consumer warpgroups (64 rows of the program's tile each, the rows one
-``wgmma`` computes) fed by a producer warpgroup's ring of TMA copies (`_ring`). ``P`` is
+``wgmma`` computes) fed by a producer warpgroup's ring of TMA copies (`_ring`). Past
+head dim 128 the consumers divide the work by role instead (`_roles`). ``P`` is
 recomputed from the forward's lse (base 2), and ``D = rowsum(dO ∘ O)`` comes in
 precomputed (line 4). Only the spans marked masked pay for ``MaskSpec.visible``, and
 only they load a dense mask's tiles (dK/dV reads a transposed copy; with a mask per
@@ -44,6 +45,20 @@ _REGISTERS = 192
 # The dK/dV kernel splits a kv head's query heads over programs below this many programs
 # (four per SM of an H100: one runs per SM at a time, and causal masks make them uneven).
 _MIN_PROGRAMS = 528
+
+
+def _roles(head_dim: int, head_dim_v: int) -> bool:
+    """Whether the kernels divide their work by role: past head dim 128, where a consumer
+    cannot hold both ``dK_j`` and ``dV_j`` (256 registers at 256), the dK/dV kernel's two
+    consumers share one key tile, the first accumulating ``dV_j`` and the second ``dK_j``
+    (both form ``Sᵀ``: five products per pair of tiles, against four), and the dQ kernel
+    runs one consumer (two would hold 256 KiB of ``Q_i``, ``dO_i`` and the ring)."""
+    return max(head_dim, head_dim_v) > 2 * WGMMA_ROWS
+
+
+def _tiles(roles: bool) -> int:
+    """Tiles of rows per program of either kernel: one per consumer, or one with roles."""
+    return 1 if roles else CONSUMERS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,21 +96,27 @@ class BackwardTuning:
         return padded(q_len, CONSUMERS * self.block_q), padded(kv_len, math.lcm(CONSUMERS * self.block_k, self.dq_keys))
 
     def shared_memory(self, head_dim: int, head_dim_v: int, itemsize: int, dense: bool = False) -> int:
-        """Bytes of the larger kernel's tiles: its consumers' own rows (in dK/dV, or the
-        float32 parts of dK, dV they become) and its ring (with a ``dense`` mask, its int8
-        tiles of all the program's rows too)."""
+        """Bytes of the larger kernel's tiles: the rows its programs own (in dK/dV, or the
+        float32 parts of dK, dV they become with shares) and its ring (with a ``dense``
+        mask, its int8 tiles of all the program's rows too)."""
+        roles = _roles(head_dim, head_dim_v)
         width = (head_dim + head_dim_v) * itemsize
         stats = 3 * 4  # L_i, D_i and a segment id per query row
-        own_keys = CONSUMERS * self.block_k * ((head_dim + head_dim_v) * max(itemsize, 4) + 4)
-        dkdv = own_keys + self.num_stages * self.block_q * (width + stats + (CONSUMERS * self.block_k if dense else 0))
-        own_rows = CONSUMERS * self.block_q
+        keys = _tiles(roles) * self.block_k
+        own_keys = keys * ((head_dim + head_dim_v) * (itemsize if roles else max(itemsize, 4)) + 4)
+        dkdv = own_keys + self.num_stages * self.block_q * (width + stats + (keys if dense else 0))
+        own_rows = _tiles(roles) * self.block_q
         dq = own_rows * (width + stats) + self.num_stages * self.dq_keys * (width + 4 + (own_rows if dense else 0))
         return max(dkdv, dq)
 
     def registers(self, head_dim: int, head_dim_v: int) -> int:
         """Registers per consumer thread of the larger kernel's accumulators and score
-        tiles (`_REGISTERS`)."""
-        dkdv = self.block_k * (head_dim + head_dim_v + 2 * self.block_q)
+        tiles (`_REGISTERS`); with roles, of the dK consumer (``dK_j``, ``Sᵀ``, ``dPᵀ``)
+        or the dV consumer (``dV_j``, ``Sᵀ``)."""
+        if _roles(head_dim, head_dim_v):
+            dkdv = self.block_k * max(head_dim + 2 * self.block_q, head_dim_v + self.block_q)
+        else:
+            dkdv = self.block_k * (head_dim + head_dim_v + 2 * self.block_q)
         dq = self.block_q * (head_dim + 2 * self.dq_keys)
         return max(dkdv, dq) // 128
 
@@ -168,8 +189,8 @@ def _unscaled(acc, product, inv_scale):
     return product if inv_scale is None else acc + product / along(inv_scale, product.shape, 0)
 
 
-def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning):
-    """Line 15 for one (query tile of ``2 * block_q`` rows, batch, head):
+def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning, consumers: int):
+    """Line 15 for one (query tile of ``consumers * block_q`` rows, batch, head):
     ``dQ_i = Σ_j dS_ij K_j``, the producer streaming ``K_j`` and ``V_j`` (and with segment
     ids, the keys' ids; with a dense mask, its tiles on masked steps). ``refs``: the
     operands, the runtime parts of the mask the call has (`_ring.runtime_operands`), dq
@@ -180,12 +201,12 @@ def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning):
     (k_smem, v_smem, *_), (k_ready, v_ready, *_), (k_free, v_free, *_) = ring, ready, free
     keys, dense_ring = _ring.split_ring(_ring.KeyRing, (k_ref, v_ref, *ids[1:]), ring, ready, free, spec)
     bq, bk, stages = tuning.block_q, tuning.dq_keys, tuning.num_stages
-    rows = CONSUMERS * bq
+    rows = consumers * bq
     h, b, wg = lax.axis_index("heads"), lax.axis_index("batch"), lax.axis_index("wg")
     t = _ring.query_tile(spec, dims.q_len // rows, lax.axis_index("q_tiles"))
     spans, first, steps = _ring.key_spans(spec, rows, bk, t, b, bounds_ref, h)
 
-    @pl.when(wg < CONSUMERS)
+    @pl.when(wg < consumers)
     def _consumer():
         plgpu.set_max_registers(_ring.CONSUMER_REGISTERS, action="increase")
         row0 = t * rows + wg * bq
@@ -229,7 +250,7 @@ def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning):
         plgpu.copy_smem_to_gmem(q_i, dq_ref.at[b, pl.ds(row0, bq), h])
         plgpu.wait_smem_to_gmem(0)
 
-    @pl.when(wg == CONSUMERS)
+    @pl.when(wg == consumers)
     def _producer():
         plgpu.set_max_registers(_ring.PRODUCER_REGISTERS, action="decrease")
         h_kv = lax.div(h, jnp.int32(dims.group))
@@ -238,15 +259,15 @@ def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning):
         keys.produce(b=b, h_kv=h_kv, first=first, steps=steps, block_k=bk, num_stages=stages, extra=extra)
 
 
-def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int):
-    """Lines 6-18 for one (key tile of ``2 * block_k`` keys, batch, kv head, share of its
-    query heads), transposed: the producer streams ``Q_i``, ``dO_i``, ``L_i`` and ``D_i``
-    of each (head of the share, query tile) in turn. With several shares, each writes its
-    float32 part of dK_j, dV_j through tiles that reuse the memory of K_j, V_j. ``refs``:
-    the operands, the runtime parts of the mask the call has (`_ring.runtime_operands`,
-    transposed; the queries' segment ids ride the ring, as the dense mask's tiles on
-    masked steps, whose spans are those of every head of the group), dk, dv and the
-    shared memory."""
+def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int, roles: bool):
+    """Lines 6-18 for one (key tile of ``2 * block_k`` keys, or ``block_k`` with
+    ``roles``, batch, kv head, share of its query heads), transposed: the producer
+    streams ``Q_i``, ``dO_i``, ``L_i`` and ``D_i`` of each (head of the share, query
+    tile) in turn. With several shares, each writes its float32 part of dK_j, dV_j
+    through tiles that reuse the memory of K_j, V_j. ``refs``: the operands, the runtime
+    parts of the mask the call has (`_ring.runtime_operands`, transposed; the queries'
+    segment ids ride the ring, as the dense mask's tiles on masked steps, whose spans are
+    those of every head of the group), dk, dv and the shared memory."""
     q_ref, k_ref, v_ref, do_ref, lse2_ref, delta_ref, *runtime, dk_ref, dv_ref, scoped = refs
     ids, lengths_ref, dense_ref, bounds_ref = _ring.runtime_refs(spec, runtime)
     (own, own_ids, ring), (own_ready, consumed, ready, free) = scoped
@@ -256,7 +277,7 @@ def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int):
     streams = (q_ref, do_ref, lse2_ref, delta_ref, *ids[:1])
     queries, dense_ring = _ring.split_ring(_ring.QueryRing, streams, ring, ready, free, spec)
     bq, bk, stages = tuning.block_q, tuning.block_k, tuning.num_stages
-    keys = CONSUMERS * bk
+    keys = _tiles(roles) * bk
     share, b, wg = lax.axis_index("shares"), lax.axis_index("batch"), lax.axis_index("wg")
     h_kv = lax.div(share, jnp.int32(splits))
     j = lax.axis_index("kv_tiles")
@@ -265,16 +286,21 @@ def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int):
     group = dims.group // splits
     query_step = functools.partial(_ring.query_step, first=first, per_head=per_head, head0=share * group)
 
-    @pl.when(wg < CONSUMERS)
-    def _consumer():
+    def consumer(role: str | None):
+        """A consumer accumulating ``role`` ("dk", "dv"; None: both) of its key tile."""
         plgpu.set_max_registers(_ring.CONSUMER_REGISTERS, action="increase")
-        key0 = j * keys + wg * bk
+        tile = 0 if roles else wg
+        key0 = j * keys + tile * bk
         # Lines 6-7: load K_j, V_j (and the keys' segment ids); dK_j = dV_j = 0.
         sources = [_ring.rows_of(ref, b, pl.ds(key0, bk), h_kv) for ref in (k_ref, v_ref, *ids[1:])]
-        _ring.copy_own(sources, (k_smem, v_smem, *own_ids), own_ready, wg)
-        _ring.wait_own(own_ready, wg)
-        k_j, v_j = k_smem.at[wg], v_smem.at[wg]
-        kv_segment = _ring.load_stat(own_ids[0].at[wg], 0) if spec.has_segments else None
+        copy = functools.partial(_ring.copy_own, sources, (k_smem, v_smem, *own_ids), own_ready, tile)
+        if roles:
+            pl.when(wg == 0)(copy)
+        else:
+            copy()
+        _ring.wait_own(own_ready, tile)
+        k_j, v_j = k_smem.at[tile], v_smem.at[tile]
+        kv_segment = _ring.load_stat(own_ids[0].at[tile], 0) if spec.has_segments else None
         lengths = _ring.read_lengths(lengths_ref, b)
 
         def step(g, masked: bool, i, carry):
@@ -284,7 +310,10 @@ def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int):
             plgpu.barrier_wait(q_ready.at[slot])
             plgpu.barrier_wait(do_ready.at[slot])
             # Lines 8-13, transposed: Sᵀ = K_j Q_iᵀ, dPᵀ = V_j dO_iᵀ; Pᵀ = exp2(Sᵀ - L_i).
-            scores_t, dp_t = _products((None, k_j, q_i.transpose((1, 0))), (None, v_j, do_i.transpose((1, 0))))
+            products = [(None, k_j, q_i.transpose((1, 0)))]
+            if role != "dv":
+                products.append((None, v_j, do_i.transpose((1, 0))))
+            scores_t, *dp_t = _products(*products)
             pre_t = logits.pre(scores_t)
             plgpu.barrier_wait(lse_ready.at[slot])
             lse2 = _ring.load_stat(lse_smem.at[slot], 1)
@@ -292,43 +321,60 @@ def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int):
             p_t = jnp.exp2(pre_t * logits.factor - along(lse2, pre_t.shape, 1))
             visible = None
             q_segment = queries.step_ids(slot, masked)  # the queries' ids ride the ring, as the dense mask
-            dense = _ring.step_dense(dense_ring, slot, masked, wg * bk, bk)
+            dense = _ring.step_dense(dense_ring, slot, masked, tile * bk, bk)
             if masked:
                 runtime = dict(lengths=lengths, own_ids=kv_segment, step_ids=q_segment, dense=dense)
                 visible = _ring.visible(spec, (key0, i * bq), pre_t.shape, 1, **runtime)
                 p_t = jnp.where(visible, p_t, 0.0)
+            # The dV consumer waits for D_i too before freeing it: an arrival ahead of the
+            # copy could complete the slot's phase for the dK consumer.
             plgpu.barrier_wait(delta_ready.at[slot])
-            delta = _ring.load_stat(delta_smem.at[slot], 1)
+            delta = None if role == "dv" else _ring.load_stat(delta_smem.at[slot], 1)
             plgpu.barrier_arrive(delta_free.at[slot])
-            ds_t, inv_scale = _rounded(_scores_grad(p_t, dp_t, delta, pre_t, logits, visible, 1), q_ref.dtype)
             # Lines 12 and 16: dV_j += Pᵀ dO_i, dK_j += dSᵀ Q_i.
-            dv_j, product = _products((dv_j, p_t.astype(q_ref.dtype), do_i), (_accumulator(dk_j, inv_scale), ds_t, q_i))
+            products, inv_scale = [], None
+            if role != "dk":
+                products.append((dv_j, p_t.astype(q_ref.dtype), do_i))
+            if role != "dv":
+                ds_t, inv_scale = _rounded(_scores_grad(p_t, *dp_t, delta, pre_t, logits, visible, 1), q_ref.dtype)
+                products.append((_accumulator(dk_j, inv_scale), ds_t, q_i))
+            results = _products(*products)
             plgpu.barrier_arrive(do_free.at[slot])
             plgpu.barrier_arrive(q_free.at[slot])
-            return _unscaled(dk_j, product, inv_scale), dv_j
+            dv_j = dv_j if role == "dk" else results[0]
+            dk_j = dk_j if role == "dv" else _unscaled(dk_j, results[-1], inv_scale)
+            return dk_j, dv_j
 
         def one_head(g, carry):
             for span in spans:
                 carry = lax.fori_loop(span.start, span.stop, functools.partial(step, g, span.masked), carry)
             return carry
 
-        zeros = (
-            plgpu.layout_cast(jnp.zeros((bk, dims.head_dim), jnp.float32), plgpu.Layout.WGMMA),
-            plgpu.layout_cast(jnp.zeros((bk, dims.head_dim_v), jnp.float32), plgpu.Layout.WGMMA),
-        )
-        dk_j, dv_j = lax.fori_loop(jnp.int32(0), jnp.int32(group), one_head, zeros)
-        # Line 18: write dK_j, dV_j; a share's float32 parts once neither consumer reads
-        # K_j, V_j (their tiles span both consumers').
-        if splits > 1:
+        def zeros(head_dim, needed: bool):
+            shape = (bk, head_dim)
+            return plgpu.layout_cast(jnp.zeros(shape, jnp.float32), plgpu.Layout.WGMMA) if needed else None
+
+        init = (zeros(dims.head_dim, role != "dv"), zeros(dims.head_dim_v, role != "dk"))
+        dk_j, dv_j = lax.fori_loop(jnp.int32(0), jnp.int32(group), one_head, init)
+        # Line 18: write dK_j, dV_j once neither consumer reads K_j, V_j, where the tiles
+        # they go through span both consumers' (a share's float32 parts; roles).
+        if splits > 1 or roles:
             plgpu.barrier_arrive(consumed)
             plgpu.barrier_wait(consumed)
-        dk_out, dv_out = dk_smem.at[wg], dv_smem.at[wg]
-        dk_out[...] = dk_j.astype(dk_ref.dtype)
-        dv_out[...] = dv_j.astype(dv_ref.dtype)
+        results = [(acc, out.at[tile], ref) for acc, out, ref in ((dk_j, dk_smem, dk_ref), (dv_j, dv_smem, dv_ref))]
+        results = [result for result in results if result[0] is not None]
+        for acc, out, ref in results:
+            out[...] = acc.astype(ref.dtype)
         plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(dk_out, dk_ref.at[b, pl.ds(key0, bk), share])
-        plgpu.copy_smem_to_gmem(dv_out, dv_ref.at[b, pl.ds(key0, bk), share])
+        for _, out, ref in results:
+            plgpu.copy_smem_to_gmem(out, ref.at[b, pl.ds(key0, bk), share])
         plgpu.wait_smem_to_gmem(0)
+
+    if roles:
+        pl.when(wg == 0)(functools.partial(consumer, "dv"))
+        pl.when(wg == 1)(functools.partial(consumer, "dk"))
+    else:
+        pl.when(wg < CONSUMERS)(functools.partial(consumer, None))
 
     @pl.when(wg == CONSUMERS)
     def _producer():
@@ -336,6 +382,14 @@ def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int):
         where = dict(b=b, rows=pl.ds(j * keys, keys), cols=bq, step=query_step)
         extra = _ring.dense_stream(dense_ref, dense_ring, spans, **where)
         queries.produce(step=query_step, steps=group * per_head, block_q=bq, num_stages=stages, extra=extra)
+
+
+def _splits(dims: Shape, tuning: BackwardTuning) -> int:
+    """Shares of a kv head's query heads in the dK/dV kernel (`Shape.head_shares`) at the
+    padded ``dims``; none with roles, whose consumers' float32 parts would not fit."""
+    if _roles(dims.head_dim, dims.head_dim_v):
+        return 1
+    return dims.head_shares(dims.kv_len // (CONSUMERS * tuning.block_k), _MIN_PROGRAMS)
 
 
 def backward_temporaries(shape: Shape, tuning: BackwardTuning) -> int:
@@ -348,7 +402,7 @@ def backward_temporaries(shape: Shape, tuning: BackwardTuning) -> int:
     rows = 2 * shape.batch * shape.num_heads * q_len * 4
     copies = _ring.padded_copies(shape, q_len, kv_len, head_dim, head_dim_v)
     big = dataclasses.replace(shape, kv_len=kv_len, head_dim=head_dim, head_dim_v=head_dim_v)
-    splits = big.head_shares(kv_len // (CONSUMERS * tuning.block_k), _MIN_PROGRAMS)
+    splits = _splits(big, tuning)
     parts = 0 if splits == 1 else splits * (big.kv_bytes(head_dim, 4) + big.kv_bytes(head_dim_v, 4))
     return rows + copies + parts
 
@@ -374,14 +428,17 @@ def backward_pass(inputs: Inputs, out, lse, dout, dlse, config: Config, tuning: 
     statics = dict(spec=config.mask, logits=config.logits, dims=dims_p, tuning=tuning)
     dtype, operands, mask = q.dtype, (q, k, v, do, lse2, delta), config.mask
 
-    def own_tiles(rows):  # each consumer's tiles of its rows: 2 dims (or heads)
-        return (smem(dtype, CONSUMERS, rows, head_dim), smem(dtype, CONSUMERS, rows, head_dim_v))
+    roles = _roles(head_dim, head_dim_v)
+    tiles = _tiles(roles)
 
-    # dK/dV: each consumer's K_j, V_j (and the keys' ids); a ring of Q_i, dO_i, L_i, D_i
+    def own_tiles(rows):  # the program's tiles of its rows: 2 dims (or heads)
+        return (smem(dtype, tiles, rows, head_dim), smem(dtype, tiles, rows, head_dim_v))
+
+    # dK/dV: the consumers' K_j, V_j (and the keys' ids); a ring of Q_i, dO_i, L_i, D_i
     # (and the queries' ids, the dense mask's tiles).
-    splits = dims.head_shares(kv_len // (CONSUMERS * bk), _MIN_PROGRAMS)
+    splits = _splits(dims_p, tuning)
     shares = dims.num_kv_heads * splits
-    own, own_ids = own_tiles(bk), _ring.segment_tiles(mask, CONSUMERS, bk)
+    own, own_ids = own_tiles(bk), _ring.segment_tiles(mask, tiles, bk)
     loaded = (*own, *own_ids)
     if splits > 1:  # float32 parts of dK, dV, summed below in a fixed order (deterministic)
         own = plgpu.RefUnion(
@@ -389,20 +446,20 @@ def backward_pass(inputs: Inputs, out, lse, dout, dlse, config: Config, tuning: 
         )
     ring = (smem(dtype, stages, bq, head_dim), smem(dtype, stages, bq, head_dim_v))
     ring += (plgpu.SMEM((stages, bq), jnp.float32), plgpu.SMEM((stages, bq), jnp.float32))
-    ring += _ring.segment_tiles(mask, stages, bq) + _ring.dense_tiles(mask, stages, CONSUMERS * bk, bq)
+    ring += _ring.segment_tiles(mask, stages, bq) + _ring.dense_tiles(mask, stages, tiles * bk, bq)
     part = jnp.float32 if splits > 1 else dtype
     dk, dv = _ring.launch(
-        functools.partial(_dkdv_kernel, splits=splits, **statics),
-        (*operands, *_ring.runtime_operands(inputs, mask, q_len, kv_len, bq, CONSUMERS * bk, True)),
+        functools.partial(_dkdv_kernel, splits=splits, roles=roles, **statics),
+        (*operands, *_ring.runtime_operands(inputs, mask, q_len, kv_len, bq, tiles * bk, True)),
         tuple(jax.ShapeDtypeStruct((dims.batch, kv_len, shares, x.shape[-1]), part) for x in (k, v)),
-        (kv_len // (CONSUMERS * bk), dims.batch, shares),
+        (kv_len // (tiles * bk), dims.batch, shares),
         ("kv_tiles", "batch", "shares"),
         CONSUMERS,
         (
             (own, own_ids, ring),
             (
                 _ring.own_barriers(loaded),
-                plgpu.Barrier(num_arrivals=CONSUMERS) if splits > 1 else None,
+                plgpu.Barrier(num_arrivals=CONSUMERS) if splits > 1 or roles else None,
                 *_ring.ring_barriers(ring),
             ),
         ),
@@ -415,18 +472,18 @@ def backward_pass(inputs: Inputs, out, lse, dout, dlse, config: Config, tuning: 
     # dQ: each consumer's Q_i, dO_i, L_i, D_i (and the rows' ids); a ring of K_j, V_j (and
     # the keys' ids, the dense mask's tiles).
     dq_bk = tuning.dq_keys
-    own = (*own_tiles(bq), plgpu.SMEM((CONSUMERS, bq), jnp.float32), plgpu.SMEM((CONSUMERS, bq), jnp.float32))
-    own += _ring.segment_tiles(mask, CONSUMERS, bq)
+    own = (*own_tiles(bq), plgpu.SMEM((tiles, bq), jnp.float32), plgpu.SMEM((tiles, bq), jnp.float32))
+    own += _ring.segment_tiles(mask, tiles, bq)
     ring = (smem(dtype, stages, dq_bk, head_dim), smem(dtype, stages, dq_bk, head_dim_v))
-    ring += _ring.segment_tiles(mask, stages, dq_bk) + _ring.dense_tiles(mask, stages, CONSUMERS * bq, dq_bk)
+    ring += _ring.segment_tiles(mask, stages, dq_bk) + _ring.dense_tiles(mask, stages, tiles * bq, dq_bk)
     (dq,) = _ring.launch(
-        functools.partial(_dq_kernel, **statics),
-        (*operands, *_ring.runtime_operands(inputs, mask, q_len, kv_len, CONSUMERS * bq, dq_bk)),
+        functools.partial(_dq_kernel, consumers=tiles, **statics),
+        (*operands, *_ring.runtime_operands(inputs, mask, q_len, kv_len, tiles * bq, dq_bk)),
         (jax.ShapeDtypeStruct(q.shape, dtype),),
-        (dims.num_heads, q_len // (CONSUMERS * bq), dims.batch),
+        (dims.num_heads, q_len // (tiles * bq), dims.batch),
         ("heads", "q_tiles", "batch"),
-        CONSUMERS,
-        ((own, ring), (_ring.own_barriers(own), *_ring.ring_barriers(ring))),
+        tiles,
+        ((own, ring), (_ring.own_barriers(own), *_ring.ring_barriers(ring, tiles))),
     )
     crop = (slice(None), slice(None, dims.q_len), slice(None))
     keys = (slice(None), slice(None, dims.kv_len), slice(None))
