@@ -289,7 +289,7 @@ def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int, roles
     def consumer(role: str | None):
         """A consumer accumulating ``role`` ("dk", "dv"; None: both) of its key tile."""
         plgpu.set_max_registers(_ring.CONSUMER_REGISTERS, action="increase")
-        tile = 0 if roles else wg
+        tile = lax.div(wg, jnp.int32(CONSUMERS // _tiles(roles)))  # with roles, both consumers' tile 0
         key0 = j * keys + tile * bk
         # Lines 6-7: load K_j, V_j (and the keys' segment ids); dK_j = dV_j = 0.
         sources = [_ring.rows_of(ref, b, pl.ds(key0, bk), h_kv) for ref in (k_ref, v_ref, *ids[1:])]
