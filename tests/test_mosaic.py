@@ -35,6 +35,7 @@ CALLS = {
     "window_gqa_ragged_d80_v48": ((1, 300, 8, 80), 1000, 2, 48, True, (100, 0), None, jnp.bfloat16),
     "two_sided_window_soft_cap": ((1, 512, 4, 64), 512, 4, 64, False, (50, 70), 5.0, jnp.bfloat16),
     "d256_causal": ((1, 512, 4, 256), 512, 4, 256, True, None, None, jnp.bfloat16),
+    "window_mqa_d200_v136": ((1, 260, 4, 200), 330, 1, 136, False, (40, 10), None, jnp.bfloat16),
     "decode_mqa": ((4, 1, 8, 128), 4096, 1, 128, True, None, None, jnp.bfloat16),
     "q_longer_than_kv": ((1, 200, 2, 64), 60, 2, 64, True, (10, 0), None, jnp.float16),
 }
@@ -167,8 +168,9 @@ def test_the_dkdv_kernel_steps_through_the_query_tiles_of_each_head():
 
 
 def _backward_lowerings():
-    """(call, runtime mask, dq_block_k) of every call where the tiles fit with the mask (`BackwardTuning.fits`; else the Triton backward
-    runs, as `_backward` is tested to choose)."""
+    """(call, runtime mask, dq_block_k) of every call where the tiles fit with the mask
+    (`BackwardTuning.fits`; else the Triton backward runs, as `_backward` is tested to
+    choose)."""
     params = []
     for name, call in CALLS.items():
         for runtime in ["", *RUNTIME, "dense", "dense1+lengths", "dense+segments"]:
@@ -311,6 +313,10 @@ def test_tiles_are_multiples_of_wgmma_s_rows():
             assert dense.fits(head_dim, head_dim, 2, dense=True)
         named = mosaic_backward.BackwardTuning(block_q=64, block_k=64)
         assert v3.Tuning(backward=named).backward_for(head_dim, head_dim) == named
+    # Head dims of 256 and 192 leave the output's own tile no room for a ring: the
+    # forward pads both to 256, the output going through the queries' tile.
+    assert v3._head_dims(200, 136, 2) == (256, 256) and v3._head_dims(136, 256, 2) == (256, 256)
+    assert v3._head_dims(192, 128, 2) == (192, 128) and v3._head_dims(80, 48, 2) == (128, 64)
     # Tiles asked for that do not fit shrink: stages, then key tiles, then query tiles.
     assert v3.Tuning(64, 128, 3).fit(128, 128, 2) == v3.Tuning(64, 128, 2)
     assert v3.Tuning(64, 256, 2).fit(128, 128, 2) == v3.Tuning(64, 128, 2)

@@ -24,8 +24,8 @@ the ring on the masked steps alone. A dense mask that reads as causal (Flax's) r
 Rows that see no key give an output of 0 and an lse of ``-inf``.
 
 The backward pass recomputes attention from the lse this forward saves, in the two
-kernels of `jaxtile.mosaic.backward` where their tiles fit (head dims up to 128), else
-in the Triton family's (`jaxtile.triton.v2`; ``tuning="autotune"`` tunes that one).
+kernels of `jaxtile.mosaic.backward` where their tiles fit (every head dim up to 256 at
+the default tiles), else in the Triton family's (`jaxtile.triton.v2`).
 """
 
 from __future__ import annotations
@@ -171,6 +171,18 @@ def _hopper() -> bool:
     except RuntimeError:  # no GPU backend
         return False
     return all(getattr(d, "compute_capability", None) == "9.0" for d in devices)
+
+
+def _head_dims(head_dim: int, head_dim_v: int, itemsize: int, dense: bool = False) -> tuple[int, int]:
+    """The forward's head dims: padded to multiples of 64, and both to the larger where
+    the output's tile of its own (`Tuning.own_output`) leaves no room for the smallest
+    ring (256 and 192, either way round), so that the output goes through the queries'
+    tile; the padded columns are zeros, which add nothing to the scores and are dropped
+    from the output."""
+    head_dim, head_dim_v = padded(head_dim, WGMMA_ROWS), padded(head_dim_v, WGMMA_ROWS)
+    if Tuning(block_k=WGMMA_ROWS).shared_memory(head_dim, head_dim_v, itemsize, dense) > SHARED_MEMORY:
+        head_dim = head_dim_v = max(head_dim, head_dim_v)
+    return head_dim, head_dim_v
 
 
 def _requires(platform: str) -> str | None:
@@ -360,7 +372,7 @@ def forward_pass(inputs: Inputs, config: Config):
     multiples of 64 and sequences to multiples of the tiles (the padded keys are
     masked; the padded rows are dropped), so any structured call runs."""
     dims = Shape.of(inputs.q, inputs.k, inputs.v)
-    head_dim, head_dim_v = padded(dims.head_dim, WGMMA_ROWS), padded(dims.head_dim_v, WGMMA_ROWS)
+    head_dim, head_dim_v = _head_dims(dims.head_dim, dims.head_dim_v, dims.itemsize, config.mask.has_dense_mask)
     tuning = _tuning(config.tuning, config.block_q, config.block_k, head_dim, head_dim_v, dims.itemsize, config.mask)
     rows = CONSUMERS * tuning.block_q
     q_len, kv_len = padded(dims.q_len, rows), padded(dims.kv_len, tuning.block_k)
@@ -408,16 +420,17 @@ def forward_pass(inputs: Inputs, config: Config):
 def _memory(shape: Shape, block_q: int | None, block_k: int | None, backward: bool) -> tuple[int, int]:
     """Residuals (the output and lse) and temporaries: padded copies (`_ring.padded_copies`),
     and in the backward pass the rows of D and the base-2 lse and, with shares of the
-    query heads (`jaxtile.mosaic.backward`), the float32 parts of dK and dV. Head dims
-    past 128 take the Triton family's backward, and its model. The model has no mask, so
-    it pads keys to the tiles a call without one takes: the largest (short causal calls
-    take smaller ones, `default_tuning`, and pad less)."""
-    head_dim, head_dim_v = padded(shape.head_dim, WGMMA_ROWS), padded(shape.head_dim_v, WGMMA_ROWS)
+    query heads (`jaxtile.mosaic.backward`), the float32 parts of dK and dV. Tiles the
+    backward kernels do not take send it to the Triton family's backward, and its model.
+    The model has no mask, so it pads keys to the tiles a call without one takes: the
+    largest (short causal calls take smaller ones, `default_tuning`, and pad less)."""
+    head_dim, head_dim_v = _head_dims(shape.head_dim, shape.head_dim_v, shape.itemsize)
     tuning = _tuning(None, block_q, block_k, head_dim, head_dim_v, shape.itemsize)
     q_len = padded(shape.q_len, CONSUMERS * tuning.block_q)
     forward = _ring.padded_copies(shape, q_len, padded(shape.kv_len, tuning.block_k), head_dim, head_dim_v)
     if not backward:
         return 0, forward
+    head_dim, head_dim_v = padded(shape.head_dim, WGMMA_ROWS), padded(shape.head_dim_v, WGMMA_ROWS)
     backward_tuning = tuning.backward_for(head_dim, head_dim_v)
     if not backward_tuning.fits(head_dim, head_dim_v, shape.itemsize):
         residuals, temporaries = triton_v2.IMPLEMENTATION.memory(shape, None, None, True)
@@ -432,8 +445,8 @@ def _forward(inputs: Inputs, config: Config):
 
 
 def _backward(inputs: Inputs, out, lse, dout, dlse, config: Config):
-    """The Mosaic backward kernels where their tiles fit (`BackwardTuning.fits`: head dims
-    up to 128), else the Triton family's (with its own tuning, or ``"autotune"``, when
+    """The Mosaic backward kernels where their tiles fit (`BackwardTuning.fits`: at the
+    default tiles, every head dim up to 256), else the Triton family's (with its own tuning, or ``"autotune"``, when
     the call names one); ``(dq, dk, dv, None)``."""
     dims = Shape.of(inputs.q, inputs.k, inputs.v)
     head_dim, head_dim_v = padded(dims.head_dim, WGMMA_ROWS), padded(dims.head_dim_v, WGMMA_ROWS)
