@@ -80,7 +80,13 @@ for shape in SHAPES:
             f"  {shape.name} {label:13s} fwd+bwd {m[label]:.3f} ms {all_flops / m[label] / 1e9:.0f} TFLOP/s"
             f" {m['cudnn_fwdbwd'] / m[label]:.3f}x cuDNN"
         )
-    bwd = {"mosaic": m["mosaic"] - m["fwd"], "triton": m["triton"] - m["fwd"], "cudnn": m["cudnn_fwdbwd"] - m["cudnn_fwd"]}
+    bwd = {
+        "mosaic": m["mosaic"] - m["fwd"],
+        "triton": m["triton"] - m["fwd"],
+        "cudnn": m["cudnn_fwdbwd"] - m["cudnn_fwd"],
+    }
     for label, t in bwd.items():
         print(f"  {shape.name} {label:13s} bwd {t:.3f} ms {(all_flops - fwd_flops) / t / 1e9:.0f} TFLOP/s")
-    print(f"  {shape.name} dq kernel {m['mosaic'] - m['no_dq']:.3f} ms, dkdv kernel {m['mosaic'] - m['no_dkdv']:.3f} ms")
+    print(
+        f"  {shape.name} dq kernel {m['mosaic'] - m['no_dq']:.3f} ms, dkdv kernel {m['mosaic'] - m['no_dkdv']:.3f} ms"
+    )
