@@ -95,6 +95,11 @@ def load_stat(ref, axis: int):
     return _load(ref, plgpu.Layout.WGMMA.reduce(1 - axis))
 
 
+def load_tile(ref):
+    """A ``wgmma``-layout tile from shared memory."""
+    return _load(ref, plgpu.Layout.WGMMA)
+
+
 def _load(ref, layout):
     if _load_takes_index():
         return plgpu.load(ref, (), layout=layout)

@@ -52,7 +52,8 @@ def _roles(head_dim: int, head_dim_v: int) -> bool:
     cannot hold both ``dK_j`` and ``dV_j`` (256 registers at 256), the dK/dV kernel's two
     consumers share one key tile, the first accumulating ``dV_j`` and the second ``dK_j``
     (both form ``Sᵀ``: five products per pair of tiles, against four), and the dQ kernel
-    runs one consumer (two would hold 256 KiB of ``Q_i``, ``dO_i`` and the ring)."""
+    shares its query tile between its two consumers, which take every other key tile (two
+    query tiles would hold 256 KiB of ``Q_i``, ``dO_i`` and the ring)."""
     return max(head_dim, head_dim_v) > 2 * WGMMA_ROWS
 
 
@@ -122,9 +123,11 @@ class BackwardTuning:
 
     def fits(self, head_dim: int, head_dim_v: int, itemsize: int, dense: bool = False) -> bool:
         """Whether both kernels' tiles fit in shared memory (`shared_memory`) and their
-        accumulators and scores in `_REGISTERS`."""
+        accumulators and scores in `_REGISTERS`; with roles, whether each slot of the dQ
+        kernel's ring serves one consumer (an even number of stages)."""
         return (
-            self.registers(head_dim, head_dim_v) <= _REGISTERS
+            (not _roles(head_dim, head_dim_v) or self.num_stages % CONSUMERS == 0)
+            and self.registers(head_dim, head_dim_v) <= _REGISTERS
             and self.shared_memory(head_dim, head_dim_v, itemsize, dense) <= SHARED_MEMORY
         )
 
@@ -189,34 +192,44 @@ def _unscaled(acc, product, inv_scale):
     return product if inv_scale is None else acc + product / along(inv_scale, product.shape, 0)
 
 
-def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning, consumers: int):
-    """Line 15 for one (query tile of ``consumers * block_q`` rows, batch, head):
-    ``dQ_i = Σ_j dS_ij K_j``, the producer streaming ``K_j`` and ``V_j`` (and with segment
-    ids, the keys' ids; with a dense mask, its tiles on masked steps). ``refs``: the
-    operands, the runtime parts of the mask the call has (`_ring.runtime_operands`), dq
-    and the shared memory."""
+def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning, roles: bool):
+    """Line 15 for one (query tile of ``2 * block_q`` rows, or ``block_q`` with
+    ``roles``, batch, head): ``dQ_i = Σ_j dS_ij K_j``, the producer streaming ``K_j`` and
+    ``V_j`` (and with segment ids, the keys' ids; with a dense mask, its tiles on masked
+    steps). With ``roles`` both consumers take the same rows and every other key tile
+    (the ring's slots alternate between them), each summing its part of ``dQ_i``; the
+    second's part reaches the first through shared memory once both are done, and is
+    added in that order (deterministic). ``refs``: the operands, the runtime parts of the
+    mask the call has (`_ring.runtime_operands`), dq and the shared memory."""
     q_ref, k_ref, v_ref, do_ref, lse2_ref, delta_ref, *runtime, dq_ref, scoped = refs
     ids, lengths_ref, dense_ref, bounds_ref = _ring.runtime_refs(spec, runtime)
-    (own, ring), (own_ready, ready, free) = scoped
+    (own, ring), (own_ready, ready, free, done, handed) = scoped
+    ring, (part,) = ring if roles else (ring, (None,))
     (k_smem, v_smem, *_), (k_ready, v_ready, *_), (k_free, v_free, *_) = ring, ready, free
     keys, dense_ring = _ring.split_ring(_ring.KeyRing, (k_ref, v_ref, *ids[1:]), ring, ready, free, spec)
     bq, bk, stages = tuning.block_q, tuning.dq_keys, tuning.num_stages
-    rows = consumers * bq
+    rows = _tiles(roles) * bq
     h, b, wg = lax.axis_index("heads"), lax.axis_index("batch"), lax.axis_index("wg")
     t = _ring.query_tile(spec, dims.q_len // rows, lax.axis_index("q_tiles"))
     spans, first, steps = _ring.key_spans(spec, rows, bk, t, b, bounds_ref, h)
 
-    @pl.when(wg < consumers)
+    @pl.when(wg < CONSUMERS)
     def _consumer():
         plgpu.set_max_registers(_ring.CONSUMER_REGISTERS, action="increase")
-        row0 = t * rows + wg * bq
+        tile = lax.div(wg, jnp.int32(CONSUMERS // _tiles(roles)))  # with roles, both consumers' tile 0
+        row0 = t * rows + tile * bq
         # Q_i, dO_i, L_i, D_i (and the rows' segment ids), loaded once.
         sources = (q_ref, do_ref, lse2_ref, delta_ref, *ids[:1])
-        _ring.copy_own([_ring.rows_of(ref, b, pl.ds(row0, bq), h) for ref in sources], own, own_ready, wg)
-        _ring.wait_own(own_ready, wg)
-        q_i, do_i = own[0].at[wg], own[1].at[wg]
-        lse2, delta = _ring.load_stat(own[2].at[wg], 0), _ring.load_stat(own[3].at[wg], 0)
-        q_segment = _ring.load_stat(own[4].at[wg], 0) if spec.has_segments else None
+        sources = [_ring.rows_of(ref, b, pl.ds(row0, bq), h) for ref in sources]
+        copy = functools.partial(_ring.copy_own, sources, own, own_ready, tile)
+        if roles:
+            pl.when(wg == 0)(copy)
+        else:
+            copy()
+        _ring.wait_own(own_ready, tile)
+        q_i, do_i = own[0].at[tile], own[1].at[tile]
+        lse2, delta = _ring.load_stat(own[2].at[tile], 0), _ring.load_stat(own[3].at[tile], 0)
+        q_segment = _ring.load_stat(own[4].at[tile], 0) if spec.has_segments else None
         lengths = _ring.read_lengths(lengths_ref, b)
 
         def step(masked: bool, j, dq_i):
@@ -229,7 +242,7 @@ def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning, consumers: int):
             plgpu.barrier_arrive(v_free.at[slot])
             pre = logits.pre(scores)
             kv_segment = keys.step_ids(slot, masked)  # the keys' ids ride the ring, as the dense mask
-            dense = _ring.step_dense(dense_ring, slot, masked, wg * bq, bq)
+            dense = _ring.step_dense(dense_ring, slot, masked, tile * bq, bq)
             p = jnp.exp2(pre * logits.factor - along(lse2, pre.shape, 0))
             visible = None
             if masked:
@@ -242,15 +255,42 @@ def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning, consumers: int):
             plgpu.barrier_arrive(k_free.at[slot])
             return _unscaled(dq_i, product, inv_scale)
 
+        def span_steps(span, dq_i):
+            if not roles:
+                return lax.fori_loop(span.start, span.stop, functools.partial(step, span.masked), dq_i)
+            # This consumer's key tiles of the span: every other step from its own.
+            start = span.start + lax.rem(wg + 2 - lax.rem(span.start - first, 2), 2)
+            count = lax.div(jnp.maximum(span.stop - start + 1, 0), 2)
+            return lax.fori_loop(0, count, lambda n, dq_i: step(span.masked, start + 2 * n, dq_i), dq_i)
+
         dq_i = plgpu.layout_cast(jnp.zeros((bq, dims.head_dim), jnp.float32), plgpu.Layout.WGMMA)
         for span in spans:
-            dq_i = lax.fori_loop(span.start, span.stop, functools.partial(step, span.masked), dq_i)
-        q_i[...] = dq_i.astype(dq_ref.dtype)
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(q_i, dq_ref.at[b, pl.ds(row0, bq), h])
-        plgpu.wait_smem_to_gmem(0)
+            dq_i = span_steps(span, dq_i)
+        if roles:  # the ring is read no more: the second's part goes through its memory
+            plgpu.barrier_arrive(done)
+            plgpu.barrier_wait(done)
 
-    @pl.when(wg == consumers)
+            @pl.when(wg == 1)
+            def _hand_over():
+                part[...] = dq_i
+                plgpu.commit_smem()
+                plgpu.barrier_arrive(handed)
+
+        def write(dq_i):
+            if roles:
+                plgpu.barrier_wait(handed)
+                dq_i = dq_i + _ring.load_tile(part)
+            q_i[...] = dq_i.astype(dq_ref.dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(q_i, dq_ref.at[b, pl.ds(row0, bq), h])
+            plgpu.wait_smem_to_gmem(0)
+
+        if roles:
+            pl.when(wg == 0)(functools.partial(write, dq_i))
+        else:
+            write(dq_i)
+
+    @pl.when(wg == CONSUMERS)
     def _producer():
         plgpu.set_max_registers(_ring.PRODUCER_REGISTERS, action="decrease")
         h_kv = lax.div(h, jnp.int32(dims.group))
@@ -476,14 +516,20 @@ def backward_pass(inputs: Inputs, out, lse, dout, dlse, config: Config, tuning: 
     own += _ring.segment_tiles(mask, tiles, bq)
     ring = (smem(dtype, stages, dq_bk, head_dim), smem(dtype, stages, dq_bk, head_dim_v))
     ring += _ring.segment_tiles(mask, stages, dq_bk) + _ring.dense_tiles(mask, stages, tiles * bq, dq_bk)
+    barriers = (_ring.own_barriers(own), *_ring.ring_barriers(ring, 1 if roles else CONSUMERS))
+    if roles:  # one consumer frees each slot; the second's float32 part of dQ_i reuses the ring
+        barriers += (plgpu.Barrier(num_arrivals=CONSUMERS), plgpu.Barrier(num_arrivals=1))
+        ring = plgpu.RefUnion(ring, (smem(jnp.float32, bq, head_dim),))
+    else:
+        barriers += (None, None)
     (dq,) = _ring.launch(
-        functools.partial(_dq_kernel, consumers=tiles, **statics),
+        functools.partial(_dq_kernel, roles=roles, **statics),
         (*operands, *_ring.runtime_operands(inputs, mask, q_len, kv_len, tiles * bq, dq_bk)),
         (jax.ShapeDtypeStruct(q.shape, dtype),),
         (dims.num_heads, q_len // (tiles * bq), dims.batch),
         ("heads", "q_tiles", "batch"),
-        tiles,
-        ((own, ring), (_ring.own_barriers(own), *_ring.ring_barriers(ring, tiles))),
+        CONSUMERS,
+        ((own, ring), barriers),
     )
     crop = (slice(None), slice(None, dims.q_len), slice(None))
     keys = (slice(None), slice(None, dims.kv_len), slice(None))
