@@ -254,17 +254,20 @@ def test_backward_tiles_fit_as_measured():
 
 def test_the_dkdv_kernel_shares_a_kv_heads_query_heads_when_programs_are_few():
     """MQA's one kv head would leave most SMs idle: its query heads are split into shares
-    (powers of two dividing the group) until the kernel has `_MIN_PROGRAMS` programs."""
+    (powers of two dividing the group) until the kernel has `_MIN_PROGRAMS` programs, of
+    128 keys each, or of 64 with roles (head dims past 128)."""
 
-    def splits(heads, kv_heads, kv_len, batch=1):
-        inputs, _ = _call((batch, kv_len, heads, 128), kv_len, kv_heads, 128, True, None, None, jnp.bfloat16)
-        dims = Shape.of(*inputs[:3])
-        return dims.head_shares(kv_len // 128, mosaic_backward._MIN_PROGRAMS)
+    def splits(heads, kv_heads, kv_len, batch=1, head_dim=128):
+        dims = Shape(batch, kv_len, kv_len, heads, kv_heads, head_dim, head_dim, 2)
+        return mosaic_backward._splits(dims, mosaic_backward.BackwardTuning())
 
     assert splits(16, 1, 8192, batch=2) == 8  # 128 programs; 4 shares would give 512
     assert splits(32, 8, 8192, batch=2) == 1  # 1024 programs
     assert splits(8, 2, 1024) == 4  # 16 programs: as far as the group of 4 goes
     assert splits(12, 4, 1024) == 1  # a group of 3 has no power-of-two share
+    assert splits(16, 1, 4096, head_dim=256) == 16  # 64 programs of 64 keys; 8 shares would give 512
+    assert splits(16, 1, 8192, batch=2, head_dim=256) == 4  # 256 programs
+    assert splits(8, 8, 8192, head_dim=256) == 1  # no group to share
 
 
 def test_it_is_the_default_on_hopper_for_the_calls_it_supports(monkeypatch):

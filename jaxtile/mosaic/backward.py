@@ -97,15 +97,15 @@ class BackwardTuning:
         return padded(q_len, CONSUMERS * self.block_q), padded(kv_len, math.lcm(CONSUMERS * self.block_k, self.dq_keys))
 
     def shared_memory(self, head_dim: int, head_dim_v: int, itemsize: int, dense: bool = False) -> int:
-        """Bytes of the larger kernel's tiles: the rows its programs own (in dK/dV, or the
-        float32 parts of dK, dV they become with shares) and its ring (with a ``dense``
-        mask, its int8 tiles of all the program's rows too)."""
+        """Bytes of the larger kernel's tiles: the rows its programs own and its ring (with
+        a ``dense`` mask, its int8 tiles of all the program's rows too); in dK/dV, the
+        float32 parts of dK, dV of a share reuse the memory of both."""
         roles = _roles(head_dim, head_dim_v)
         width = (head_dim + head_dim_v) * itemsize
         stats = 3 * 4  # L_i, D_i and a segment id per query row
         keys = _tiles(roles) * self.block_k
-        own_keys = keys * ((head_dim + head_dim_v) * (itemsize if roles else max(itemsize, 4)) + 4)
-        dkdv = own_keys + self.num_stages * self.block_q * (width + stats + (keys if dense else 0))
+        tiles = keys * width + self.num_stages * self.block_q * (width + stats + (keys if dense else 0))
+        dkdv = max(tiles, keys * (head_dim + head_dim_v) * 4) + keys * 4  # the parts reuse the tiles
         own_rows = _tiles(roles) * self.block_q
         dq = own_rows * (width + stats) + self.num_stages * self.dq_keys * (width + 4 + (own_rows if dense else 0))
         return max(dkdv, dq)
@@ -304,14 +304,14 @@ def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int, roles
     ``roles``, batch, kv head, share of its query heads), transposed: the producer
     streams ``Q_i``, ``dO_i``, ``L_i`` and ``D_i`` of each (head of the share, query
     tile) in turn. With several shares, each writes its float32 part of dK_j, dV_j
-    through tiles that reuse the memory of K_j, V_j. ``refs``: the operands, the runtime
-    parts of the mask the call has (`_ring.runtime_operands`, transposed; the queries'
-    segment ids ride the ring, as the dense mask's tiles on masked steps, whose spans are
-    those of every head of the group), dk, dv and the shared memory."""
+    through tiles that reuse the memory of K_j, V_j and the ring. ``refs``: the operands,
+    the runtime parts of the mask the call has (`_ring.runtime_operands`, transposed; the
+    queries' segment ids ride the ring, as the dense mask's tiles on masked steps, whose
+    spans are those of every head of the group), dk, dv and the shared memory."""
     q_ref, k_ref, v_ref, do_ref, lse2_ref, delta_ref, *runtime, dk_ref, dv_ref, scoped = refs
     ids, lengths_ref, dense_ref, bounds_ref = _ring.runtime_refs(spec, runtime)
-    (own, own_ids, ring), (own_ready, consumed, ready, free) = scoped
-    (k_smem, v_smem), (dk_smem, dv_smem) = own if splits > 1 else (own, own)
+    (memory, own_ids), (own_ready, consumed, ready, free) = scoped
+    ((k_smem, v_smem), ring), (dk_smem, dv_smem) = memory if splits > 1 else (memory, memory[0])
     (q_smem, do_smem, lse_smem, delta_smem, *_) = ring
     (q_ready, do_ready, lse_ready, delta_ready, *_), (q_free, do_free, lse_free, delta_free, *_) = ready, free
     streams = (q_ref, do_ref, lse2_ref, delta_ref, *ids[:1])
@@ -396,8 +396,8 @@ def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int, roles
 
         init = (zeros(dims.head_dim, role != "dv"), zeros(dims.head_dim_v, role != "dk"))
         dk_j, dv_j = lax.fori_loop(jnp.int32(0), jnp.int32(group), one_head, init)
-        # Line 18: write dK_j, dV_j once neither consumer reads K_j, V_j, where the tiles
-        # they go through span both consumers' (a share's float32 parts; roles).
+        # Line 18: write dK_j, dV_j once neither consumer reads K_j, V_j or the ring, where
+        # the tiles they go through span both consumers' (a share's float32 parts; roles).
         if splits > 1 or roles:
             plgpu.barrier_arrive(consumed)
             plgpu.barrier_wait(consumed)
@@ -426,10 +426,9 @@ def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int, roles
 
 def _splits(dims: Shape, tuning: BackwardTuning) -> int:
     """Shares of a kv head's query heads in the dK/dV kernel (`Shape.head_shares`) at the
-    padded ``dims``; none with roles, whose consumers' float32 parts would not fit."""
-    if _roles(dims.head_dim, dims.head_dim_v):
-        return 1
-    return dims.head_shares(dims.kv_len // (CONSUMERS * tuning.block_k), _MIN_PROGRAMS)
+    padded ``dims``."""
+    keys = _tiles(_roles(dims.head_dim, dims.head_dim_v)) * tuning.block_k
+    return dims.head_shares(dims.kv_len // keys, _MIN_PROGRAMS)
 
 
 def backward_temporaries(shape: Shape, tuning: BackwardTuning) -> int:
@@ -479,14 +478,13 @@ def backward_pass(inputs: Inputs, out, lse, dout, dlse, config: Config, tuning: 
     splits = _splits(dims_p, tuning)
     shares = dims.num_kv_heads * splits
     own, own_ids = own_tiles(bk), _ring.segment_tiles(mask, tiles, bk)
-    loaded = (*own, *own_ids)
-    if splits > 1:  # float32 parts of dK, dV, summed below in a fixed order (deterministic)
-        own = plgpu.RefUnion(
-            own, (smem(jnp.float32, CONSUMERS, bk, head_dim), smem(jnp.float32, CONSUMERS, bk, head_dim_v))
-        )
     ring = (smem(dtype, stages, bq, head_dim), smem(dtype, stages, bq, head_dim_v))
     ring += (plgpu.SMEM((stages, bq), jnp.float32), plgpu.SMEM((stages, bq), jnp.float32))
     ring += _ring.segment_tiles(mask, stages, bq) + _ring.dense_tiles(mask, stages, tiles * bk, bq)
+    memory = (own, ring)
+    if splits > 1:  # float32 parts of dK, dV, summed below in a fixed order (deterministic)
+        parts = (smem(jnp.float32, tiles, bk, head_dim), smem(jnp.float32, tiles, bk, head_dim_v))
+        memory = plgpu.RefUnion(memory, parts)
     part = jnp.float32 if splits > 1 else dtype
     dk, dv = _ring.launch(
         functools.partial(_dkdv_kernel, splits=splits, roles=roles, **statics),
@@ -496,9 +494,9 @@ def backward_pass(inputs: Inputs, out, lse, dout, dlse, config: Config, tuning: 
         ("kv_tiles", "batch", "shares"),
         CONSUMERS,
         (
-            (own, own_ids, ring),
+            (memory, own_ids),
             (
-                _ring.own_barriers(loaded),
+                _ring.own_barriers((*own, *own_ids)),
                 plgpu.Barrier(num_arrivals=CONSUMERS) if splits > 1 or roles else None,
                 *_ring.ring_barriers(ring),
             ),
