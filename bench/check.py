@@ -2,7 +2,7 @@
 
 ``python -m bench.check`` times jaxtile's default implementation and a peer on a fixed set
 of shapes — the standard grid's rows at 4K and 16K tokens, causal and not, head dims 64
-and 128; GQA, MQA, sliding windows, packed documents, head dim 256, sinks, a learned
+and 128; GQA, MQA, sliding windows, packed documents, head dim 256 (MHA and MQA), sinks, a learned
 bias, a causal mask passed as a dense array (recognised, and not) — forward and
 forward+backward, in this one
 process on this one GPU, and prints the ratio ``peer time / jaxtile time`` beside the
@@ -108,6 +108,7 @@ SHAPES = (
     Shape("window_256_256_16k", 1, 16384, 16, 128, window=(256, 256), peer="tokamax"),
     Shape("documents_8x2k_causal_16k", 1, 16384, 16, 128, causal=True, documents=8, peer="separate"),
     Shape("d256_causal_8k", 2, 8192, 8, 256, causal=True),
+    Shape("mqa_16_1_d256_causal_4k", 1, 4096, 16, 256, kv_heads=1, causal=True),
     Shape("sinks_gqa_64_8_causal_8k", 2, 8192, 64, 64, kv_heads=8, causal=True, sinks=True, peer="no_sinks"),
     Shape("bias_d128_causal_8k", 1, 8192, 16, 128, causal=True, bias=True),
     Shape("d64_4k_dense_causal", 4, 4096, 32, 64, causal=True, dense_mask="flax"),
