@@ -26,6 +26,7 @@ import argparse
 import dataclasses
 import datetime
 import functools
+import importlib.metadata
 import json
 import math
 import sys
@@ -330,15 +331,19 @@ def render(results: dict) -> str:
         mine = r["jaxtile"]
         tflops = f"{mine['tflops']:.0f}" if "tflops" in mine else "—"
         ratio = "—" if r["ratio"] is None else f"{r['ratio']:.2f}"
+        if r["status"].startswith("FAIL"):
+            ratio = f"**{ratio} FAIL**"
         floor = "—" if r["floor"] is None else f"{r['floor']:.2f}"
         lines.append(
             f"| {r['case']} | {r['mode']} | {ms(mine)} | {tflops} | {ms(r.get('cudnn'))} | {ms(r.get('tokamax'))} "
             f"| {r['peer']} | {ratio} | {floor} |"
         )
     summary = results["summary"]
+    floored = sum(r["floor"] is not None for r in results["rows"])
     lines += [
         "",
-        f"Geometric mean over the rows with a cuDNN number: {summary['geomean_vs_cudnn']:.2f}× cuDNN's speed.",
+        f"{floored - summary['failed']} of {floored} rows with a floor at or above it. Geometric mean over the "
+        f"rows with a cuDNN number: {summary['geomean_vs_cudnn']:.2f}× cuDNN's speed.",
     ]
     if summary.get("planned", summary["rows"]) > summary["rows"]:
         lines[-1] += f" The run was cut short: {summary['rows']} of its {summary['planned']} rows."
@@ -376,6 +381,8 @@ def main(argv: list[str] | None = None) -> int:
     shapes = [s for s in SHAPES if not args.only or any(word in s.name for word in args.only)]
     floors = json.loads(args.floors.read_text())["floors"]
     env = dict(probe(), date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
+    if load_tokamax() is not None:
+        env["versions"]["tokamax"] = importlib.metadata.version("tokamax")
     print(f"jaxtile {env['git']['commit']} (dirty: {env['git']['dirty']}) from {env['git']['jaxtile_file']}")
     print(f"on {env['device']}, jax {jax.__version__}")
     planned = len(shapes) * len(args.modes)

@@ -310,6 +310,14 @@ def test_check_compares_with_the_peer_against_committed_floors(monkeypatch):
     assert seen == [1, 2], "the rows so far are handed on after each one, for a run cut short"
     rows = check.run(shapes[:1], ["fwd"], 0.1, {"slow": {"fwd": 0.6}})
     assert rows[0]["status"] == "FAIL"
+    results = dict(
+        environment=dict(device="GPU", date="2026-11-27", git={"commit": "abc"}, versions={"jax": "0.11.2"}),
+        summary=check._summary(rows, 1),
+        rows=rows,
+    )
+    table = check.render(results)
+    assert "| slow | fwd | 2 | " in table and "| **0.50 FAIL** | 0.60 |" in table, table
+    assert "0 of 1 rows with a floor at or above it" in table, table
 
 
 def test_check_times_every_kind_of_case_and_its_jaxtile_peers():
