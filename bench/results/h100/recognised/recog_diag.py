@@ -34,7 +34,7 @@ def recognised(q, k, v, mask, index):
 
 
 def recognition(q, k, v, mask, index):
-    return api._recognise(spec, mask)
+    return api._recognise(spec, mask[None, None])
 
 
 def switch_given(q, k, v, mask, index):  # a switch on an argument: the conditional alone
@@ -44,7 +44,7 @@ def switch_given(q, k, v, mask, index):  # a switch on an argument: the conditio
 
 def switch_recognised(q, k, v, mask, index):  # a switch on the recognition's branch
     call = lambda: jaxtile.flash_attention(q, k, v, causal=True)  # noqa: E731
-    _, branch = api._recognise(spec, mask)
+    _, branch = api._recognise(spec, mask[None, None])
     return lax.switch(jnp.minimum(branch, 1), [call, call])
 
 
@@ -65,6 +65,7 @@ for _pass in range(2):
     for name, fn in VARIANTS.items():
         jax.clear_caches()
         ms.setdefault(name, []).append(check.time_jitted(fn, [q, k, v, mask, index], 0.5).ms)
+        print(name, ms[name][-1], flush=True)
 for name, values in ms.items():
     print(
         f"{name:18s} "
