@@ -381,27 +381,15 @@ class MaskSpec:
         q_idx = jnp.arange(self.q_len, dtype=jnp.int32)[:, None]
         kv_idx = jnp.arange(self.kv_len, dtype=jnp.int32)[None, :]
         seen = jnp.broadcast_to(self.visible(q_idx, kv_idx, dense=dense), (*dense.shape[:2], self.q_len, self.kv_len))
-        first, last, count = self._row_extents(seen)  # the one pass over ``dense``
-        rows = jnp.any(count > 0, axis=1)  # [1|batch, q_len]
-        q_length = jnp.where(jnp.any(rows, axis=-1), self.q_len - jnp.argmax(rows[:, ::-1], axis=-1), 0)
-        kv_length = jnp.max(last, axis=(1, 2)) + 1
-        q_length, kv_length = q_length.astype(jnp.int32), kv_length.astype(jnp.int32)
-        lengths = (q_length[:, None, None, None], kv_length[:, None, None, None])
-        # The recognised rows are intervals of keys (causal, a left window, lengths): a row
-        # of ``seen`` with an interval's first and last key and its count is that interval.
-        e_first, e_last, e_count = self._row_extents(self.recognised().visible(q_idx, kv_idx, lengths=lengths))
-        interval = e_count == jnp.maximum(e_last - e_first + 1, 0)
-        same = jnp.all(interval & (first == e_first) & (last == e_last) & (count == e_count))
-        return jnp.stack([q_length, kv_length], axis=-1), same
 
-    def _row_extents(self, seen):
-        """``(first, last, count)`` of the keys each row of ``seen [..., q_len, kv_len]``
-        shows, ``[..., q_len]`` int32 (``kv_len``, -1 and 0 for a row that shows none):
-        reductions along rows, which XLA fuses into one pass."""
-        kv_idx = jnp.arange(self.kv_len, dtype=jnp.int32)
-        first = jnp.min(jnp.where(seen, kv_idx, self.kv_len), axis=-1)
-        last = jnp.max(jnp.where(seen, kv_idx, -1), axis=-1)
-        return first, last, jnp.sum(seen, axis=-1, dtype=jnp.int32)
+        def extent(used):  # one past the last True of ``used [1|batch, n]``
+            n = used.shape[-1]
+            return jnp.where(jnp.any(used, axis=-1), n - jnp.argmax(used[:, ::-1], axis=-1), 0).astype(jnp.int32)
+
+        q_length, kv_length = extent(jnp.any(seen, axis=(1, 3))), extent(jnp.any(seen, axis=(1, 2)))
+        lengths = (q_length[:, None, None, None], kv_length[:, None, None, None])
+        same = jnp.all(seen == self.recognised().visible(q_idx, kv_idx, lengths=lengths))
+        return jnp.stack([q_length, kv_length], axis=-1), same
 
     def kv_spans(self, q_tile, block_q: int, block_k: int, bounds=None) -> tuple[TileSpan, ...]:
         """Key tiles that query tile ``q_tile`` must visit, in increasing order.
