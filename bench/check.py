@@ -340,9 +340,10 @@ def render(results: dict) -> str:
         )
     summary = results["summary"]
     floored = sum(r["floor"] is not None for r in results["rows"])
+    at_floor = sum(r["status"] == "ok" for r in results["rows"])
     lines += [
         "",
-        f"{floored - summary['failed']} of {floored} rows with a floor at or above it. Geometric mean over the "
+        f"{at_floor} of {floored} rows with a floor at or above it. Geometric mean over the "
         f"rows with a cuDNN number: {summary['geomean_vs_cudnn']:.2f}× cuDNN's speed.",
     ]
     if summary.get("planned", summary["rows"]) > summary["rows"]:

@@ -318,6 +318,9 @@ def test_check_compares_with_the_peer_against_committed_floors(monkeypatch):
     table = check.render(results)
     assert "| slow | fwd | 2 | " in table and "| **0.50 FAIL** | 0.60 |" in table, table
     assert "0 of 1 rows with a floor at or above it" in table, table
+    unmeasured = dict(rows[0], ratio=None, status="no peer")
+    table = check.render(dict(results, rows=[unmeasured], summary=check._summary([unmeasured], 1)))
+    assert "0 of 1 rows with a floor at or above it" in table, "a row without a peer's number is not at its floor"
 
 
 def test_check_times_every_kind_of_case_and_its_jaxtile_peers():

@@ -7,6 +7,7 @@ other replaced by zeros) and the backward's bitwise determinism."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _gradients import grads  # this folder: run as a script
 
 import jaxtile
 from bench import check
@@ -42,13 +43,6 @@ SHAPES = [
     check.Shape("d256_gqa_16_4_causal_8k", 2, 8192, 16, 256, kv_heads=4, causal=True),
     check.Shape("d192_causal_8k", 2, 8192, 8, 192, causal=True),
 ]
-
-
-def grads(shape):
-    primals, _, dout = check._inputs(shape, "fwdbwd")
-    attend = check._jaxtile(shape)
-    f = jax.jit(lambda *p: jax.vjp(lambda *x: attend(*x), *p)[1](dout))
-    return [np.asarray(g.astype(jnp.float32)) for g in f(*primals)]
 
 
 for shape in SHAPES:

@@ -6,8 +6,8 @@ bitwise repeat."""
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
+from _gradients import grads  # this folder: run as a script
 
 import jaxtile
 from bench import check
@@ -34,13 +34,6 @@ SHAPES = [
     check.Shape("gqa_d256_16_2_b1_4k_full", 1, 4096, 16, 256, kv_heads=2),
     check.Shape("mqa_d192_b1_8k", 1, 8192, 16, 192, kv_heads=1, causal=True),
 ]
-
-
-def grads(shape):
-    primals, _, dout = check._inputs(shape, "fwdbwd")
-    attend = check._jaxtile(shape)
-    f = jax.jit(lambda *p: jax.vjp(lambda *x: attend(*x), *p)[1](dout))
-    return [np.asarray(g.astype(jnp.float32)) for g in f(*primals)]
 
 
 for shape in SHAPES:

@@ -1,5 +1,5 @@
 """Where the recognised Flax mask's forward loses time (d64_4k_dense_causal: 0.94 ms
-against 0.70 for the causal call): the recognition alone (and as it was up to 139eda0), a
+against 0.70 for the causal call): the recognition alone, a
 run-time switch between two copies of the causal call, and the whole recognised call,
 beside the causal call and cuDNN, in one process (each timed twice, jax's caches cleared
 between variants)."""
@@ -38,21 +38,6 @@ def recognition(q, k, v, mask, index):
     return api._recognise(spec, mask[None, None])
 
 
-def recognition_before(q, k, v, mask, index):  # MaskSpec.recognise up to 139eda0: three passes
-    q_idx = jnp.arange(spec.q_len, dtype=jnp.int32)[:, None]
-    kv_idx = jnp.arange(spec.kv_len, dtype=jnp.int32)[None, :]
-    seen = jnp.broadcast_to(spec.visible(q_idx, kv_idx, dense=mask[None, None]), (1, 1, spec.q_len, spec.kv_len))
-
-    def extent(used):
-        n = used.shape[-1]
-        return jnp.where(jnp.any(used, axis=-1), n - jnp.argmax(used[:, ::-1], axis=-1), 0).astype(jnp.int32)
-
-    q_length, kv_length = extent(jnp.any(seen, axis=(1, 3))), extent(jnp.any(seen, axis=(1, 2)))
-    lengths = (q_length[:, None, None, None], kv_length[:, None, None, None])
-    same = jnp.all(seen == spec.recognised().visible(q_idx, kv_idx, lengths=lengths))
-    return jnp.stack([q_length, kv_length], axis=-1), same
-
-
 def switch_given(q, k, v, mask, index):  # a switch on an argument: the conditional alone
     call = lambda: jaxtile.flash_attention(q, k, v, causal=True)  # noqa: E731
     return lax.switch(index, [call, call])
@@ -72,7 +57,6 @@ VARIANTS = dict(
     causal=causal,
     recognised=recognised,
     recognition=recognition,
-    recognition_before=recognition_before,
     switch_given=switch_given,
     switch_recognised=switch_recognised,
     cudnn=cudnn,
@@ -91,6 +75,5 @@ for name, values in ms.items():
     )
 hlo = jax.jit(recognised).lower(q, k, v, mask, index).compile().as_text()
 print("conditionals in the compiled recognised call:", hlo.count(" conditional("), "copies:", hlo.count(" copy("))
-for name in ("recognition", "recognition_before"):
-    hlo = jax.jit(VARIANTS[name]).lower(q, k, v, mask, index).compile().as_text()
-    print(f"{name}: {hlo.count('kind=kInput')} reduction fusions, {hlo.count('kind=kLoop')} loop fusions")
+hlo = jax.jit(recognition).lower(q, k, v, mask, index).compile().as_text()
+print(f"recognition: {hlo.count('kind=kInput')} reduction fusions, {hlo.count('kind=kLoop')} loop fusions")
