@@ -108,6 +108,7 @@ SHAPES = (
     Shape("window_4095_gqa_32k", 1, 32768, 32, 128, kv_heads=8, causal=True, window=(4095, 0)),
     Shape("window_256_256_16k", 1, 16384, 16, 128, window=(256, 256), peer="tokamax"),
     Shape("documents_8x2k_causal_16k", 1, 16384, 16, 128, causal=True, documents=8, peer="separate"),
+    Shape("documents_8x2k_d64_causal_16k", 1, 16384, 32, 64, causal=True, documents=8, peer="separate"),
     Shape("d256_causal_8k", 2, 8192, 8, 256, causal=True),
     Shape("mqa_16_1_d256_causal_4k", 1, 4096, 16, 256, kv_heads=1, causal=True),
     Shape("sinks_gqa_64_8_causal_8k", 2, 8192, 64, 64, kv_heads=8, causal=True, sinks=True, peer="no_sinks"),

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -143,16 +142,20 @@ def _persistent(spec: MaskSpec | None, rows: int) -> bool:
 
 def default_tuning(head_dim: int, head_dim_v: int, itemsize: int, spec: MaskSpec | None = None) -> Tuning:
     """The largest key tile (256, 128 or 64; at most 128 for causal masks over at most
-    `_SHORT_CAUSAL` keys and for dense masks) whose two-stage ring fits beside the queries
+    `_SHORT_CAUSAL` keys, for dense masks and for segment ids) whose two-stage ring fits beside the queries
     (and the backward's default, `Tuning.backward_for`); persistent programs where
     `_persistent` says and they fit."""
     short_causal = spec is not None and spec.right == 0 and spec.kv_len <= _SHORT_CAUSAL
     # A consumer holds its part of a masked tile's mask beside its scores: with 256-key
     # tiles that spills (752 bytes at head dim 64, none at 128; H100, Flax's causal mask
     # at head dim 64, 4K: 0.73x cuDNN against 0.89x, `bench/results/h100/dense_mask/`).
+    # Segment ids too: packed documents (8 x 2K, causal, head dim 64) in 256-key tiles ran
+    # at 0.50x the same documents as separate sequences (H200,
+    # `bench/results/h200/documents/docs_schedule_da9195c.log`).
     dense = spec is not None and spec.has_dense_mask
+    segments = spec is not None and spec.has_segments
     tuning = Tuning(block_k=64)
-    for block_k in (128, 64) if short_causal or dense else (256, 128, 64):
+    for block_k in (128, 64) if short_causal or dense or segments else (256, 128, 64):
         tuning = Tuning(block_k=block_k)
         if (
             block_k * (head_dim + head_dim_v) <= 256 * 128
@@ -196,7 +199,6 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
     k, v, the runtime parts of the mask the call has (`_ring.runtime_operands`), out, lse
     and the shared memory."""
     q_ref, k_ref, v_ref, *runtime, o_ref, lse_ref, scoped = refs
-    order_ref = runtime.pop() if schedule.ordered else None
     ids, lengths_ref, dense_ref, bounds_ref = _ring.runtime_refs(spec, runtime)
     (own, ring, o_smem, lse_smem), (own_ready, ready, free), turn = scoped
     (k_smem, v_smem, *_), (k_ready, v_ready, *_), (k_free, v_free, *_) = ring, ready, free
@@ -208,9 +210,8 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
 
     def tile(i):
         """``(head, query tile, batch)`` of this program's ``i``-th tile, and its key spans."""
-        h, t, b = schedule.index(i, order_ref)
-        if not schedule.ordered:
-            t = _ring.query_tile(spec, schedule.tiles[1], t)
+        h, t, b = schedule.index(i)
+        t = _ring.query_tile(spec, schedule.tiles[1], t)
         return (h, t, b), *_ring.key_spans(spec, rows, bk, t, b, bounds_ref, h)
 
     def take_turn():
@@ -369,20 +370,6 @@ def _key_tiles(spec: MaskSpec, q_tiles: int, rows: int, block_k: int) -> np.ndar
         return np.broadcast_to(np.asarray(spans[-1].stop) - np.asarray(spans[0].start) + 1, (q_tiles,))
 
 
-def _schedule(spec: MaskSpec, tuning: Tuning, tiles: tuple[int, int, int], rows: int, bounds):
-    """The forward's `_ring.Schedule` of ``tiles`` and its extra operands: one program per
-    tile, or persistent programs balanced on the host (`_key_tiles`), or, where the mask
-    has runtime ``bounds``, taking the tiles heaviest first (`_ring.tile_order`, the one
-    operand) in snaking rounds."""
-    if not tuning.persistent:
-        return _ring.Schedule(tiles), ()
-    if bounds is None:
-        work = _key_tiles(spec, tiles[1], rows, tuning.block_k)
-        return _ring.Schedule.balanced(tiles, work, _ring.multiprocessors()), ()
-    programs = min(_ring.multiprocessors(), math.prod(tiles))
-    return _ring.Schedule(tiles, programs, snake=True, ordered=True), (_ring.tile_order(bounds, tiles[2]),)
-
-
 def forward_pass(inputs: Inputs, config: Config):
     """The forward kernel: ``out [batch, q_len, heads, head_dim_v]`` in the query's dtype
     and the natural-log ``lse [batch, heads, q_len]``. Head dims are zero-padded to
@@ -398,8 +385,10 @@ def forward_pass(inputs: Inputs, config: Config):
     v = pad_to(pad_to(inputs.v, 3, head_dim_v), 1, kv_len)
     dims_p = dataclasses.replace(dims, q_len=q_len, kv_len=kv_len, head_dim=head_dim, head_dim_v=head_dim_v)
     tiles = (dims.num_heads, q_len // rows, dims.batch)
-    runtime = _ring.runtime_operands(inputs, config.mask, q_len, kv_len, rows, tuning.block_k)
-    schedule, order = _schedule(config.mask, tuning, tiles, rows, _ring.runtime_refs(config.mask, runtime).bounds)
+    schedule = _ring.Schedule(tiles)
+    if tuning.persistent:
+        work = _key_tiles(config.mask, tiles[1], rows, tuning.block_k)
+        schedule = _ring.Schedule.balanced(tiles, work, _ring.multiprocessors())
     kernel = functools.partial(
         _kernel, spec=config.mask, logits=config.logits, dims=dims_p, tuning=tuning, schedule=schedule
     )
@@ -410,7 +399,7 @@ def forward_pass(inputs: Inputs, config: Config):
     ring += _ring.segment_tiles(config.mask, stages, bk) + _ring.dense_tiles(config.mask, stages, rows, bk)
     out, lse = _ring.launch(
         kernel,
-        (q, k, v, *runtime, *order),
+        (q, k, v, *_ring.runtime_operands(inputs, config.mask, q_len, kv_len, rows, bk)),
         (
             jax.ShapeDtypeStruct((dims.batch, q_len, dims.num_heads, head_dim_v), dtype),
             jax.ShapeDtypeStruct((dims.batch, dims.num_heads, q_len), jnp.float32),
