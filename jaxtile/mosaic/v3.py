@@ -149,9 +149,10 @@ def default_tuning(head_dim: int, head_dim_v: int, itemsize: int, spec: MaskSpec
     # A consumer holds its part of a masked tile's mask beside its scores: with 256-key
     # tiles that spills (752 bytes at head dim 64, none at 128; H100, Flax's causal mask
     # at head dim 64, 4K: 0.73x cuDNN against 0.89x, `bench/results/h100/dense_mask/`).
-    # Segment ids too: packed documents (8 x 2K, causal, head dim 64) in 256-key tiles ran
-    # at 0.50x the same documents as separate sequences (H200,
-    # `bench/results/h200/documents/docs_schedule_da9195c.log`).
+    # Segment ids too (H200, head dim 64, `bench/results/h200/documents/`): in 128-key
+    # tiles packed causal documents ran at 0.72-0.94x the same documents as separate
+    # sequences against 0.28-0.89x in 256, uneven ones 1.06-2.8x as fast; only documents
+    # on tile edges without a causal mask, which mask no tile, lost (0.93x against 1.02x).
     dense = spec is not None and spec.has_dense_mask
     segments = spec is not None and spec.has_segments
     tuning = Tuning(block_k=64)
