@@ -254,6 +254,18 @@ def _timed(attend, shape: Shape, mode: str, budget_s: float) -> dict:
     return dict(ms=timing.ms, ms_lo=timing.ms_lo, ms_hi=timing.ms_hi, tflops=shape.flops(mode) / timing.ms / 1e9)
 
 
+def timed_passes(variants: dict, shape: Shape, mode: str, passes: int = 2, budget_s: float = 0.5) -> dict:
+    """For the A/B record scripts: each of ``variants`` (``{label: attend}``, as `_timed`
+    takes them) timed ``passes`` times in turn, jax's caches cleared before each, as
+    ``{label: [median ms, or None where it raised]}``."""
+    ms = {label: [] for label in variants}
+    for _pass in range(passes):
+        for label, attend in variants.items():
+            jax.clear_caches()
+            ms[label].append(_timed(attend, shape, mode, budget_s).get("ms"))
+    return ms
+
+
 def _jaxtile_peers(shape: Shape) -> dict:
     """The peers of ``shape`` that are jaxtile calls: the documents as separate
     sequences, the call without its sinks."""

@@ -287,6 +287,24 @@ def test_runner_survives_oom_crash_and_hang(tmp_path, monkeypatch):
     assert "exited with code 3" in run.records[3]["error"]
 
 
+def test_timed_passes_time_each_variant_per_pass_on_cleared_caches(monkeypatch):
+    """`check.timed_passes`: every variant once per pass, in turn, jax's caches cleared
+    before each, an error recorded as None."""
+    from bench import check
+
+    events = []
+    monkeypatch.setattr(check.jax, "clear_caches", lambda: events.append("clear"))
+
+    def timed(attend, shape, mode, budget_s):
+        events.append(attend)
+        return {} if attend == "b" else {"ms": float(len(events))}
+
+    monkeypatch.setattr(check, "_timed", timed)
+    ms = check.timed_passes({"first": "a", "second": "b"}, None, "fwd", passes=2)
+    assert events == ["clear", "a", "clear", "b", "clear", "a", "clear", "b"]
+    assert ms == {"first": [2.0, 6.0], "second": [None, None]}
+
+
 def test_check_compares_with_the_peer_against_committed_floors(monkeypatch):
     """``python -m bench.check``'s verdicts: the ratio peer / jaxtile against the floor;
     a missing jaxtile number fails; every committed floor names a case that exists."""

@@ -40,13 +40,8 @@ def attend(shape, tuning):
 
 for shape in SHAPES:
     for mode in ("fwd", "fwdbwd") if shape is base else ("fwd",):
-        ms = {}
-        for _pass in range(2):
-            for label, tuning in VARIANTS.items():
-                jax.clear_caches()
-                ms.setdefault(label, []).append(check._timed(attend(shape, tuning), shape, mode, 0.5).get("ms"))
-            jax.clear_caches()
-            ms.setdefault("separate", []).append(check._timed(check._separate_documents(shape), shape, mode, 0.5)["ms"])
+        variants = {label: attend(shape, tuning) for label, tuning in VARIANTS.items()}
+        ms = check.timed_passes({**variants, "separate": check._separate_documents(shape)}, shape, mode)
         separate = min(ms["separate"])
         for label, runs in ms.items():
             best = min((x for x in runs if x), default=None)

@@ -51,11 +51,7 @@ def separate(shape, tuning):
 
 
 def compare(title, shape, variants):
-    ms = {}
-    for _pass in range(2):
-        for label, attend in variants.items():
-            jax.clear_caches()
-            ms.setdefault(label, []).append(check._timed(attend, shape, "fwd", 0.5).get("ms"))
+    ms = check.timed_passes(variants, shape, "fwd")
     first = min(x for x in next(iter(ms.values())) if x)
     for label, runs in ms.items():
         best = min((x for x in runs if x), default=None)

@@ -57,13 +57,8 @@ for shape in SHAPES:
         ("separate", check._separate_documents(shape)) if shape.documents else ("cudnn", check._cudnn(shape))
     )
     for mode in ("fwd", "fwdbwd") if shape is base else ("fwd",):
-        ms = {}
-        for _pass in range(2):
-            for label, tuning in variants.items():
-                jax.clear_caches()
-                ms.setdefault(label, []).append(check._timed(attend(shape, tuning), shape, mode, 0.5).get("ms"))
-            jax.clear_caches()
-            ms.setdefault(peer_name, []).append(check._timed(peer, shape, mode, 0.5).get("ms"))
+        attends = {label: attend(shape, tuning) for label, tuning in variants.items()}
+        ms = check.timed_passes({**attends, peer_name: peer}, shape, mode)
         best_peer = min(x for x in ms[peer_name] if x)
         for label, runs in ms.items():
             best = min((x for x in runs if x), default=None)
