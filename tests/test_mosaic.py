@@ -348,11 +348,16 @@ def test_tiles_are_multiples_of_wgmma_s_rows():
 
 def test_segment_ids_take_key_tiles_of_at_most_128():
     """Packed documents (segment ids) take 128-key tiles where 256 would fit (head dim 64,
-    measured: `v3.default_tuning`), as the same call without them does not."""
+    measured: `v3.default_tuning`), as the same call without them does not, and 64-row
+    query tiles in the backward (`default_backward_tuning`)."""
     for head_dim, block_k in ((64, 128), (128, 128), (256, 64)):
         spec = MaskSpec.create(16384, 16384, causal=True, has_segments=True)
         assert v3._tuning(None, None, None, head_dim, head_dim, 2, spec).block_k == block_k
     assert v3._tuning(None, None, None, 64, 64, 2, MaskSpec.create(16384, 16384, causal=True)).block_k == 256
+    # The backward's query tiles: 128 rows at head dim 64, 64 with segment ids (or a dense mask).
+    assert mosaic_backward.default_backward_tuning(64, 64).block_q == 128
+    assert mosaic_backward.default_backward_tuning(64, 64, segments=True).block_q == 64
+    assert v3.Tuning().backward_for(64, 64, segments=True).block_q == 64
 
 
 @pytest.mark.parametrize("snake", [False, True])

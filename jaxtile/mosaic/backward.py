@@ -132,9 +132,11 @@ class BackwardTuning:
         )
 
 
-def default_backward_tuning(head_dim: int, head_dim_v: int, dense: bool = False) -> BackwardTuning:
+def default_backward_tuning(
+    head_dim: int, head_dim_v: int, dense: bool = False, segments: bool = False
+) -> BackwardTuning:
     """Query tiles of 128 rows where both head dims are at most 64 and there is no
-    ``dense`` mask, else of 64, and the dQ kernel's key tiles as dK/dV's (measured by
+    ``dense`` mask and no ``segments`` (ids), else of 64, and the dQ kernel's key tiles as dK/dV's (measured by
     ``python -m bench.tune --impl mosaic_v3`` at 4K, fwd+bwd: at head dim 64, 128 rows
     are 5% faster non-causal on an H100 and 6% on an H200, causal 2% slower and 1%
     faster; at head dim 128 they are 24-40% slower on the H100; 128-key dQ tiles are
@@ -143,8 +145,11 @@ def default_backward_tuning(head_dim: int, head_dim_v: int, dense: bool = False)
     `bench/results/h200/tune_mosaic_3e15e08.json`, `tune_mosaic_ec9f9f7.json`). With a
     dense mask, each consumer holds its part of the mask's tile beside its scores: at
     head dim 64, 128-row tiles spilled 552 and 648 bytes (dK/dV, dQ) and 64-row ones
-    none, and ran 1% slower (H100, `bench/results/h100/dense_mask/`)."""
-    return BackwardTuning(block_q=128 if max(head_dim, head_dim_v) <= 64 and not dense else 64)
+    none, and ran 1% slower (H100, `bench/results/h100/dense_mask/`). With segment ids
+    at head dim 64, 64-row tiles ran packed documents' forward+backward 1.01-1.08x as
+    fast (H200, `bench/results/h200/documents/docs_bwd_d64_63aa264.log`)."""
+    wide = max(head_dim, head_dim_v) <= 64 and not (dense or segments)
+    return BackwardTuning(block_q=128 if wide else 64)
 
 
 def _scores_grad(p, dp, delta, pre, logits: sm.Logits, visible, axis: int):

@@ -80,9 +80,11 @@ class Tuning:
         if not isinstance(self.persistent, bool):
             raise ValueError(f"persistent={self.persistent!r} must be a bool")
 
-    def backward_for(self, head_dim: int, head_dim_v: int, dense: bool = False) -> BackwardTuning:
+    def backward_for(
+        self, head_dim: int, head_dim_v: int, dense: bool = False, segments: bool = False
+    ) -> BackwardTuning:
         """`backward`, or `default_backward_tuning` of these (padded) head dims and mask."""
-        return self.backward or default_backward_tuning(head_dim, head_dim_v, dense)
+        return self.backward or default_backward_tuning(head_dim, head_dim_v, dense, segments)
 
     def shared_memory(self, head_dim: int, head_dim_v: int, itemsize: int, dense: bool = False) -> int:
         """Bytes of the query/output tiles, the ring (with a ``dense`` mask, its int8 tiles
@@ -457,7 +459,7 @@ def _backward(inputs: Inputs, out, lse, dout, dlse, config: Config):
     head_dim, head_dim_v = padded(dims.head_dim, WGMMA_ROWS), padded(dims.head_dim_v, WGMMA_ROWS)
     dense = config.mask.has_dense_mask
     tuning = (config.tuning if isinstance(config.tuning, Tuning) else Tuning()).backward_for(
-        head_dim, head_dim_v, dense
+        head_dim, head_dim_v, dense, config.mask.has_segments
     )
     if not tuning.fits(head_dim, head_dim_v, dims.itemsize, dense):
         if isinstance(config.tuning, Tuning):  # this family's: the Triton kernels take their table's
