@@ -247,6 +247,12 @@ class MaskSpec:
         """True when tiles can be classified from indices alone (no runtime mask)."""
         return not (self.has_segments or self.has_dense_mask or self.has_lengths)
 
+    @property
+    def masks_elements(self) -> bool:
+        """True when a runtime array decides single elements (segment ids or a dense
+        mask), not only where each row's keys start and stop (lengths)."""
+        return self.has_segments or self.has_dense_mask
+
     def visible(self, q_idx, kv_idx, *, q_segment=None, kv_segment=None, dense=None, lengths=None, check_bounds=True):
         """Element-wise visibility; arguments broadcast against each other.
 

@@ -311,7 +311,7 @@ def test_tiles_are_multiples_of_wgmma_s_rows():
             backward = user.backward_for(head_dim, head_dim)
             assert backward == mosaic_backward.BackwardTuning(block_q=128 if head_dim == 64 else 64)
             assert backward.fits(head_dim, head_dim, 2)
-            dense = user.backward_for(head_dim, head_dim, dense=True)
+            dense = user.backward_for(head_dim, head_dim, masks_elements=True)
             assert dense == mosaic_backward.BackwardTuning(block_q=64)
             assert dense.fits(head_dim, head_dim, 2, dense=True)
         named = mosaic_backward.BackwardTuning(block_q=64, block_k=64)
@@ -346,7 +346,7 @@ def test_tiles_are_multiples_of_wgmma_s_rows():
         assert tuning.block_k == (64 if head_dim == 256 else 128)  # 256-key tiles spill their mask
 
 
-def test_segment_ids_take_key_tiles_of_at_most_128():
+def test_segment_ids_take_key_tiles_of_at_most_128(monkeypatch):
     """Packed documents (segment ids) take 128-key tiles where 256 would fit (head dim 64,
     measured: `v3.default_tuning`), as the same call without them does not, and 64-row
     query tiles in the backward (`default_backward_tuning`)."""
@@ -354,10 +354,14 @@ def test_segment_ids_take_key_tiles_of_at_most_128():
         spec = MaskSpec.create(16384, 16384, causal=True, has_segments=True)
         assert v3._tuning(None, None, None, head_dim, head_dim, 2, spec).block_k == block_k
     assert v3._tuning(None, None, None, 64, 64, 2, MaskSpec.create(16384, 16384, causal=True)).block_k == 256
-    # The backward's query tiles: 128 rows at head dim 64, 64 with segment ids (or a dense mask).
-    assert mosaic_backward.default_backward_tuning(64, 64).block_q == 128
-    assert mosaic_backward.default_backward_tuning(64, 64, segments=True).block_q == 64
-    assert v3.Tuning().backward_for(64, 64, segments=True).block_q == 64
+    # The backward's query tiles: 128 rows at head dim 64, 64 where segment ids (or a
+    # dense mask) mask single elements, as `v3._backward` asks for them.
+    tiles = []
+    monkeypatch.setattr(v3, "backward_pass", lambda *args: tiles.append(args[-1].block_q) or (None,) * 3)
+    for runtime in ("", "segments", "dense", "lengths"):
+        inputs, config = _call(*CALLS["full_d64"], runtime=runtime)
+        v3._backward(inputs, None, None, None, None, config)
+    assert tiles == [128, 64, 64, 128]
 
 
 @pytest.mark.parametrize("snake", [False, True])

@@ -132,12 +132,10 @@ class BackwardTuning:
         )
 
 
-def default_backward_tuning(
-    head_dim: int, head_dim_v: int, dense: bool = False, segments: bool = False
-) -> BackwardTuning:
-    """Query tiles of 128 rows where both head dims are at most 64 and there is no
-    ``dense`` mask and no ``segments`` (ids), else of 64, and the dQ kernel's key tiles as dK/dV's (measured by
-    ``python -m bench.tune --impl mosaic_v3`` at 4K, fwd+bwd: at head dim 64, 128 rows
+def default_backward_tuning(head_dim: int, head_dim_v: int, masks_elements: bool = False) -> BackwardTuning:
+    """Query tiles of 128 rows where both head dims are at most 64 and no runtime array
+    masks single elements (`MaskSpec.masks_elements`), else of 64, and the dQ kernel's
+    key tiles as dK/dV's (measured by ``python -m bench.tune --impl mosaic_v3`` at 4K, fwd+bwd: at head dim 64, 128 rows
     are 5% faster non-causal on an H100 and 6% on an H200, causal 2% slower and 1%
     faster; at head dim 128 they are 24-40% slower on the H100; 128-key dQ tiles are
     1-2% slower at head dims 64 and 128 on the H200;
@@ -148,7 +146,7 @@ def default_backward_tuning(
     none, and ran 1% slower (H100, `bench/results/h100/dense_mask/`). With segment ids
     at head dim 64, 64-row tiles ran packed documents' forward+backward 1.01-1.08x as
     fast (H200, `bench/results/h200/documents/docs_bwd_d64_63aa264.log`)."""
-    wide = max(head_dim, head_dim_v) <= 64 and not (dense or segments)
+    wide = max(head_dim, head_dim_v) <= 64 and not masks_elements
     return BackwardTuning(block_q=128 if wide else 64)
 
 

@@ -80,11 +80,10 @@ class Tuning:
         if not isinstance(self.persistent, bool):
             raise ValueError(f"persistent={self.persistent!r} must be a bool")
 
-    def backward_for(
-        self, head_dim: int, head_dim_v: int, dense: bool = False, segments: bool = False
-    ) -> BackwardTuning:
-        """`backward`, or `default_backward_tuning` of these (padded) head dims and mask."""
-        return self.backward or default_backward_tuning(head_dim, head_dim_v, dense, segments)
+    def backward_for(self, head_dim: int, head_dim_v: int, masks_elements: bool = False) -> BackwardTuning:
+        """`backward`, or `default_backward_tuning` of these (padded) head dims and mask
+        (`MaskSpec.masks_elements`)."""
+        return self.backward or default_backward_tuning(head_dim, head_dim_v, masks_elements)
 
     def shared_memory(self, head_dim: int, head_dim_v: int, itemsize: int, dense: bool = False) -> int:
         """Bytes of the query/output tiles, the ring (with a ``dense`` mask, its int8 tiles
@@ -144,7 +143,7 @@ def _persistent(spec: MaskSpec | None, rows: int) -> bool:
 
 def default_tuning(head_dim: int, head_dim_v: int, itemsize: int, spec: MaskSpec | None = None) -> Tuning:
     """The largest key tile (256, 128 or 64; at most 128 for causal masks over at most
-    `_SHORT_CAUSAL` keys, for dense masks and for segment ids) whose two-stage ring fits beside the queries
+    `_SHORT_CAUSAL` keys and where `MaskSpec.masks_elements`) whose two-stage ring fits beside the queries
     (and the backward's default, `Tuning.backward_for`); persistent programs where
     `_persistent` says and they fit."""
     short_causal = spec is not None and spec.right == 0 and spec.kv_len <= _SHORT_CAUSAL
@@ -156,9 +155,9 @@ def default_tuning(head_dim: int, head_dim_v: int, itemsize: int, spec: MaskSpec
     # sequences against 0.28-0.89x in 256, uneven ones 1.06-2.8x as fast; only documents
     # on tile edges without a causal mask, which mask no tile, lost (0.93x against 1.02x).
     dense = spec is not None and spec.has_dense_mask
-    segments = spec is not None and spec.has_segments
+    narrow = short_causal or (spec is not None and spec.masks_elements)
     tuning = Tuning(block_k=64)
-    for block_k in (128, 64) if short_causal or dense or segments else (256, 128, 64):
+    for block_k in (128, 64) if narrow else (256, 128, 64):
         tuning = Tuning(block_k=block_k)
         if (
             block_k * (head_dim + head_dim_v) <= 256 * 128
@@ -459,7 +458,7 @@ def _backward(inputs: Inputs, out, lse, dout, dlse, config: Config):
     head_dim, head_dim_v = padded(dims.head_dim, WGMMA_ROWS), padded(dims.head_dim_v, WGMMA_ROWS)
     dense = config.mask.has_dense_mask
     tuning = (config.tuning if isinstance(config.tuning, Tuning) else Tuning()).backward_for(
-        head_dim, head_dim_v, dense, config.mask.has_segments
+        head_dim, head_dim_v, config.mask.masks_elements
     )
     if not tuning.fits(head_dim, head_dim_v, dims.itemsize, dense):
         if isinstance(config.tuning, Tuning):  # this family's: the Triton kernels take their table's
