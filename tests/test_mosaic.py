@@ -396,6 +396,77 @@ def test_persistent_programs_run_every_tile_once_in_rounds(tiles, programs, snak
         _ring.Schedule((4, 3, 2), 0)
 
 
+def _run_schedule(schedule: _ring.Schedule, order=None) -> list[tuple[int, int, int]]:
+    """The (head, query tile, batch) tiles ``schedule``'s programs run, in launch order:
+    each program's ``i``-th tile at place ``i * programs + p`` (a vmap per grid axis)."""
+    if schedule.programs is None:
+        heads, q_tiles, batch = schedule.tiles
+        run = lambda: jnp.stack(schedule.index(0, order))  # noqa: E731
+        for name, n in zip(schedule.names, schedule.tiles):
+            run = _vmapped(run, name, n)
+        indices = run()  # [batch, q_tiles, heads, 3]
+        return [
+            tuple(int(x) for x in indices[b, t, h]) for b in range(batch) for t in range(q_tiles) for h in range(heads)
+        ]
+    steps = -(-math.prod(schedule.tiles) // schedule.programs)
+
+    def program(_):
+        return schedule.count(), jnp.stack([jnp.stack(schedule.index(jnp.int32(i), order)) for i in range(steps)])
+
+    counts, indices = jax.vmap(program, axis_name="programs")(jnp.arange(schedule.programs))
+    placed = {}
+    for p in range(schedule.programs):
+        for i in range(int(counts[p])):
+            column = schedule.programs - 1 - p if schedule.snake and i % 2 else p
+            placed[i * schedule.programs + column] = tuple(int(x) for x in indices[p, i])
+    return [placed[place] for place in sorted(placed)]
+
+
+def _vmapped(fn, name: str, n: int):
+    return lambda: jax.vmap(lambda _: fn(), axis_name=name)(jnp.arange(n))
+
+
+@pytest.mark.parametrize("bounds_shape", [(2, 1), (1, 4), (2, 4)])
+@pytest.mark.parametrize("programs", [5, 24, None])
+def test_ordered_schedules_run_every_tile_once_heaviest_first(programs, bounds_shape):
+    """An ordered `Schedule` runs every (head, query tile, batch) once, in launch order
+    (one program per tile, or rounds of persistent programs snaking) from the most key
+    tiles of the runtime bounds to the fewest, ties in grid order (`_ring.tile_order`),
+    for bounds per batch element, per head, or both."""
+    tiles = (4, 3, 2)
+    heads, q_tiles, batch = tiles
+    lo_key, width_key = jax.random.split(jax.random.key(7))
+    lo = jax.random.randint(lo_key, (*bounds_shape, q_tiles), 0, 4)
+    hi = lo + jax.random.randint(width_key, lo.shape, 0, 4)  # ties among the widths
+    bounds = jnp.stack([lo, lo, hi, hi], axis=-1)
+    spec = MaskSpec.create(q_tiles * 64, 8 * 64, has_segments=True)  # positions bound no key tile
+    order = _ring.tile_order(spec, bounds, batch, 64, 64)
+    assert order.dtype == jnp.int32 and order.shape == (batch * bounds_shape[1] * q_tiles,)
+
+    def width(h, t, b):
+        return int(hi[b % bounds_shape[0], h % bounds_shape[1], t] - lo[b % bounds_shape[0], h % bounds_shape[1], t])
+
+    ran = _run_schedule(_ring.Schedule(tiles, programs, snake=programs is not None, ordered=True), order)
+    assert sorted(ran) == sorted((h, t, b) for h in range(heads) for t in range(q_tiles) for b in range(batch))
+    widths = [width(*tile) for tile in ran]
+    assert widths == sorted(widths, reverse=True)
+    grid_order = [(b, t, h) for h, t, b in ran]
+    for width_ in set(widths):
+        same = [g for g, w in zip(grid_order, widths) if w == width_]
+        if bounds_shape[1] > 1:
+            assert same == sorted(same, key=lambda g: (g[0], g[2], g[1]))  # units (batch, head, tile)
+        else:
+            assert same == sorted(same)
+
+
+def test_the_tile_order_counts_the_key_tiles_positions_leave():
+    """Two causal documents of two query tiles each: a document's second tile visits two
+    key tiles and its first one, so the order runs the second tiles first."""
+    spec = MaskSpec.create(4 * 128, 4 * 128, causal=True, has_segments=True)
+    bounds = jnp.asarray([[[[0, 0, 2, 2], [0, 0, 2, 2], [2, 2, 4, 4], [2, 2, 4, 4]]]], jnp.int32)
+    assert _ring.tile_order(spec, bounds, 1, 128, 128).tolist() == [1, 3, 0, 2]
+
+
 def test_persistent_programs_even_out_their_shares_of_uneven_tiles():
     """`Schedule.balanced` picks the count (at most the multiprocessors, at least 7/8 of
     them) and order whose busiest program has the least work: equal tiles go round on
