@@ -1,7 +1,7 @@
 """Packed documents at head dim 128 in 64-key tiles, whose segment test holds half the
 keys' ids in registers (in 128-key tiles the forward spills, `ptxas_persist_161f0bc.txt`):
-ptxas's lines for the forward with segment ids in 64-key tiles, one program per tile and
-persistent (MOSAIC_GPU_DUMP_PTXAS=1, to stderr), then the forward of packed causal
+with the argument ``ptxas``, ptxas's lines for the forward with segment ids in 64-key
+tiles, one program per tile and persistent (run with MOSAIC_GPU_DUMP_PTXAS=1); else the forward of packed causal
 documents (16 heads of 128, 16K: 8 × 2K, 4 × 4K, one document, 8 cut at random points)
 in 128- and 64-key tiles, one program per tile and persistent, beside the separate
 sequences. In one process, two passes, jax's caches cleared between variants."""
@@ -45,10 +45,12 @@ def uneven_ids(documents: int, seq: int, seed: int):
     return jnp.asarray(np.searchsorted(cuts, np.arange(seq), side="right"), jnp.int32)[None]
 
 
-(q, k, v), _, _ = check._inputs(base, "fwd")
-for label in ("bk64", "bk64_persistent"):
-    print(f"=== ptxas {label}", file=sys.stderr, flush=True)
-    jax.block_until_ready(jax.jit(packed(check._segment_ids(base), VARIANTS[label]))(q, k, v))
+if sys.argv[1:] == ["ptxas"]:
+    (q, k, v), _, _ = check._inputs(base, "fwd")
+    for label in ("bk64", "bk64_persistent"):
+        print(f"=== ptxas {label}", file=sys.stderr, flush=True)
+        jax.block_until_ready(jax.jit(packed(check._segment_ids(base), VARIANTS[label]))(q, k, v))
+    sys.exit()
 
 CASES = [
     (base, "fwd", None),
