@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -202,7 +201,6 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
     k, v, the runtime parts of the mask the call has (`_ring.runtime_operands`), out, lse
     and the shared memory."""
     q_ref, k_ref, v_ref, *runtime, o_ref, lse_ref, scoped = refs
-    order_ref = runtime.pop() if schedule.ordered else None
     ids, lengths_ref, dense_ref, bounds_ref = _ring.runtime_refs(spec, runtime)
     (own, ring, o_smem, lse_smem), (own_ready, ready, free), turn = scoped
     (k_smem, v_smem, *_), (k_ready, v_ready, *_), (k_free, v_free, *_) = ring, ready, free
@@ -214,9 +212,8 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
 
     def tile(i):
         """``(head, query tile, batch)`` of this program's ``i``-th tile, and its key spans."""
-        h, t, b = schedule.index(i, order_ref)
-        if not schedule.ordered:
-            t = _ring.query_tile(spec, schedule.tiles[1], t)
+        h, t, b = schedule.index(i)
+        t = _ring.query_tile(spec, schedule.tiles[1], t)
         return (h, t, b), *_ring.key_spans(spec, rows, bk, t, b, bounds_ref, h)
 
     def take_turn():
@@ -375,21 +372,6 @@ def _key_tiles(spec: MaskSpec, q_tiles: int, rows: int, block_k: int) -> np.ndar
         return np.broadcast_to(np.asarray(spans[-1].stop) - np.asarray(spans[0].start) + 1, (q_tiles,))
 
 
-def _schedule(spec: MaskSpec, tuning: Tuning, tiles: tuple[int, int, int], rows: int, bounds):
-    """The forward's `_ring.Schedule` of ``tiles`` and its extra operands: where the mask
-    has runtime ``bounds``, the tiles heaviest first (`_ring.tile_order`, the one
-    operand), in snaking rounds of persistent programs or one program per tile; else
-    persistent programs balanced on the host (`_key_tiles`) or one program per tile."""
-    if bounds is not None:
-        programs = min(_ring.multiprocessors(), math.prod(tiles)) if tuning.persistent else None
-        order = _ring.tile_order(spec, bounds, tiles[2], rows, tuning.block_k)
-        return _ring.Schedule(tiles, programs, snake=tuning.persistent, ordered=True), (order,)
-    if tuning.persistent:
-        work = _key_tiles(spec, tiles[1], rows, tuning.block_k)
-        return _ring.Schedule.balanced(tiles, work, _ring.multiprocessors()), ()
-    return _ring.Schedule(tiles), ()
-
-
 def forward_pass(inputs: Inputs, config: Config):
     """The forward kernel: ``out [batch, q_len, heads, head_dim_v]`` in the query's dtype
     and the natural-log ``lse [batch, heads, q_len]``. Head dims are zero-padded to
@@ -405,8 +387,10 @@ def forward_pass(inputs: Inputs, config: Config):
     v = pad_to(pad_to(inputs.v, 3, head_dim_v), 1, kv_len)
     dims_p = dataclasses.replace(dims, q_len=q_len, kv_len=kv_len, head_dim=head_dim, head_dim_v=head_dim_v)
     tiles = (dims.num_heads, q_len // rows, dims.batch)
-    runtime = _ring.runtime_operands(inputs, config.mask, q_len, kv_len, rows, tuning.block_k)
-    schedule, order = _schedule(config.mask, tuning, tiles, rows, _ring.runtime_refs(config.mask, runtime).bounds)
+    schedule = _ring.Schedule(tiles)
+    if tuning.persistent:
+        work = _key_tiles(config.mask, tiles[1], rows, tuning.block_k)
+        schedule = _ring.Schedule.balanced(tiles, work, _ring.multiprocessors())
     kernel = functools.partial(
         _kernel, spec=config.mask, logits=config.logits, dims=dims_p, tuning=tuning, schedule=schedule
     )
@@ -417,7 +401,7 @@ def forward_pass(inputs: Inputs, config: Config):
     ring += _ring.segment_tiles(config.mask, stages, bk) + _ring.dense_tiles(config.mask, stages, rows, bk)
     out, lse = _ring.launch(
         kernel,
-        (q, k, v, *runtime, *order),
+        (q, k, v, *_ring.runtime_operands(inputs, config.mask, q_len, kv_len, rows, bk)),
         (
             jax.ShapeDtypeStruct((dims.batch, q_len, dims.num_heads, head_dim_v), dtype),
             jax.ShapeDtypeStruct((dims.batch, dims.num_heads, q_len), jnp.float32),
