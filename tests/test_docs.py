@@ -23,11 +23,11 @@ def test_readme_performance_tables_are_generated_from_the_results():
 def test_readme_check_table_is_generated_from_the_results():
     from bench import check
 
-    results = json.loads((ROOT / "bench/results/h200/check_238accc.json").read_text())
+    results = json.loads((ROOT / "bench/results/h200/check_4d8bdc2.json").read_text())
     readme = (ROOT / "README.md").read_text()
     section = readme.split("<!-- check:begin -->\n")[1].split("<!-- check:end -->")[0]
     assert section == check.render(results), (
-        "regenerate with: python -m bench.check --report bench/results/h200/check_238accc.json"
+        "regenerate with: python -m bench.check --report bench/results/h200/check_4d8bdc2.json"
     )
 
 

@@ -20,11 +20,6 @@ import jaxtile
 from bench import check
 from jaxtile.mosaic import _ring, v3
 
-stamp = json.loads(Path("VERSION.json").read_text()) if Path("VERSION.json").exists() else {}
-print(
-    jaxtile.__file__, stamp.get("commit"), stamp.get("dirty"), jax.__version__, jax.devices()[0].device_kind, flush=True
-)
-
 ORDERED = v3._schedule
 
 
@@ -66,63 +61,56 @@ def report(title, mode, ms):
         print(f"{title:30s} {mode:6s} {label:14s} {runs_text:16s} {speed}", flush=True)
 
 
-d128 = next(s for s in check.SHAPES if s.name == "documents_8x2k_causal_16k")
-d64 = next(s for s in check.SHAPES if s.name == "documents_8x2k_d64_causal_16k")
-dense = next(s for s in check.SHAPES if s.name == "d64_4k_dense_unrecognised")
-CASES = [
-    (d128, "fwd", check._segment_ids(d128)),
-    (d128, "fwdbwd", check._segment_ids(d128)),
-    (dataclasses.replace(d128, name="documents_4x4k", documents=4), "fwd", None),
-    (dataclasses.replace(d128, name="documents_32x512", documents=32), "fwd", None),
-    (dataclasses.replace(d128, name="documents_1x16k", documents=1), "fwd", None),
-    (dataclasses.replace(d128, name="documents_8_uneven"), "fwd", uneven_ids(8, d128.seq, 8)),
-    (d64, "fwd", check._segment_ids(d64)),
-]
-for shape, mode, ids in CASES:
-    packed = call(causal=True, segment_ids=check._segment_ids(shape) if ids is None else ids)
-    variants = {"grid": scheduled(grid_order, packed), "ordered": scheduled(ORDERED, packed)}
-    if shape.name != "documents_8_uneven":
-        variants["separate"] = check._separate_documents(shape)
-    report(shape.name, mode, check.timed_passes(variants, shape, mode))
+def main(persistent: bool = False):
+    """The runs of this script; with ``persistent`` (`docs_persist.py`) a third variant,
+    persistent programs, and not the cost of a runtime mask to a program."""
+    stamp = json.loads(Path("VERSION.json").read_text()) if Path("VERSION.json").exists() else {}
+    print(jaxtile.__file__, stamp.get("commit"), stamp.get("dirty"), jax.__version__, jax.devices()[0].device_kind)
+    d128 = next(s for s in check.SHAPES if s.name == "documents_8x2k_causal_16k")
+    d64 = next(s for s in check.SHAPES if s.name == "documents_8x2k_d64_causal_16k")
+    dense = next(s for s in check.SHAPES if s.name == "d64_4k_dense_unrecognised")
+    ragged = dataclasses.replace(d128, name="ragged_8x2k_lengths", batch=8, seq=2048, documents=0)
+    lengths = jnp.asarray(np.random.default_rng(3).integers(1, 2049, (8,)), jnp.int32)
+    packed = [
+        (d128, "fwd", None),
+        (d128, "fwdbwd", None),
+        (dataclasses.replace(d128, name="documents_4x4k", documents=4), "fwd", None),
+        (dataclasses.replace(d128, name="documents_32x512", documents=32), "fwd", None),
+        (dataclasses.replace(d128, name="documents_1x16k", documents=1), "fwd", None),
+        (dataclasses.replace(d128, name="documents_8_uneven"), "fwd", uneven_ids(8, d128.seq, 8)),
+        (d64, "fwd", None),
+    ]
+    cases = [
+        (shape, mode, dict(causal=True, segment_ids=check._segment_ids(shape) if ids is None else ids))
+        for shape, mode, ids in packed
+    ]
+    cases += [
+        (dense, "fwd", dict(causal=False)),
+        (ragged, "fwd", dict(causal=True, kv_lengths=lengths, q_lengths=lengths)),
+    ]
+    for shape, mode, options in cases:
+        variants = {"grid": scheduled(grid_order, call(**options)), "ordered": scheduled(ORDERED, call(**options))}
+        if persistent:
+            variants["persistent"] = call(**options, tuning=v3.Tuning(persistent=True))
+        if shape.documents and shape.name != "documents_8_uneven":
+            variants["separate"] = check._separate_documents(shape)
+        report(shape.name, mode, check.timed_passes(variants, shape, mode))
+    if persistent:
+        return
+    # What the runtime mask costs a program: the same 8 × 2K sequences, one program per tile.
+    separate = dataclasses.replace(d128, name="separate_8x2k", batch=8, seq=2048, documents=0)
+    one_per_tile = v3.Tuning()
+    full = jnp.full((8,), 2048, jnp.int32)
+    masks = {
+        "zero_ids": dict(segment_ids=jnp.zeros((8, 2048), jnp.int32)),
+        "full_lengths": dict(kv_lengths=full, q_lengths=full),
+    }
+    variants = {"plain": call(causal=True, tuning=one_per_tile)}
+    variants |= {
+        label: scheduled(grid_order, call(causal=True, tuning=one_per_tile, **mask)) for label, mask in masks.items()
+    }
+    report(separate.name, "fwd", check.timed_passes(variants, separate, "fwd"))
 
-unrecognised = call(causal=False)
-report(
-    dense.name,
-    "fwd",
-    check.timed_passes(
-        {"grid": scheduled(grid_order, unrecognised), "ordered": scheduled(ORDERED, unrecognised)}, dense, "fwd"
-    ),
-)
 
-ragged = dataclasses.replace(d128, name="ragged_8x2k_lengths", batch=8, seq=2048, documents=0)
-lengths = jnp.asarray(np.random.default_rng(3).integers(1, 2049, (8,)), jnp.int32)
-by_length = call(causal=True, kv_lengths=lengths, q_lengths=lengths)
-report(
-    ragged.name,
-    "fwd",
-    check.timed_passes(
-        {"grid": scheduled(grid_order, by_length), "ordered": scheduled(ORDERED, by_length)}, ragged, "fwd"
-    ),
-)
-
-# What the runtime mask costs a program: the same 8 × 2K sequences, one program per tile.
-separate = dataclasses.replace(d128, name="separate_8x2k", batch=8, seq=2048, documents=0)
-one_per_tile = v3.Tuning()
-full = jnp.full((8,), 2048, jnp.int32)
-report(
-    separate.name,
-    "fwd",
-    check.timed_passes(
-        {
-            "plain": call(causal=True, tuning=one_per_tile),
-            "zero_ids": scheduled(
-                grid_order, call(causal=True, tuning=one_per_tile, segment_ids=jnp.zeros((8, 2048), jnp.int32))
-            ),
-            "full_lengths": scheduled(
-                grid_order, call(causal=True, tuning=one_per_tile, kv_lengths=full, q_lengths=full)
-            ),
-        },
-        separate,
-        "fwd",
-    ),
-)
+if __name__ == "__main__":
+    main()
