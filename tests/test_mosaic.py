@@ -396,6 +396,66 @@ def test_persistent_programs_run_every_tile_once_in_rounds(tiles, programs, snak
         _ring.Schedule((4, 3, 2), 0)
 
 
+def _run_schedule(schedule: _ring.Schedule, order=None) -> list[tuple[int, int, int]]:
+    """The (head, query tile, batch) tiles ``schedule``'s persistent programs run, in launch
+    order: each program's ``i``-th tile at place ``i * programs + p``."""
+    steps = -(-math.prod(schedule.tiles) // schedule.programs)
+
+    def program(_):
+        return schedule.count(), jnp.stack([jnp.stack(schedule.index(jnp.int32(i), order)) for i in range(steps)])
+
+    counts, indices = jax.vmap(program, axis_name="programs")(jnp.arange(schedule.programs))
+    placed = {}
+    for p in range(schedule.programs):
+        for i in range(int(counts[p])):
+            column = schedule.programs - 1 - p if schedule.snake and i % 2 else p
+            placed[i * schedule.programs + column] = tuple(int(x) for x in indices[p, i])
+    return [placed[place] for place in sorted(placed)]
+
+
+@pytest.mark.parametrize("bounds_shape", [(2, 1), (1, 4), (2, 4)])
+@pytest.mark.parametrize("programs", [5, 24])
+def test_ordered_schedules_run_every_tile_once_heaviest_first(programs, bounds_shape):
+    """An ordered `Schedule` runs every (head, query tile, batch) once, in launch order
+    (rounds of persistent programs snaking) from the most key
+    tiles of the runtime bounds to the fewest, ties in grid order (`_ring.tile_order`),
+    for bounds per batch element, per head, or both."""
+    tiles = (4, 3, 2)
+    heads, q_tiles, batch = tiles
+    lo_key, width_key = jax.random.split(jax.random.key(7))
+    lo = jax.random.randint(lo_key, (*bounds_shape, q_tiles), 0, 4)
+    hi = lo + jax.random.randint(width_key, lo.shape, 0, 4)  # ties among the widths
+    bounds = jnp.stack([lo, lo, hi, hi], axis=-1)
+    spec = MaskSpec.create(q_tiles * 64, 8 * 64, has_segments=True)  # positions bound no key tile
+    order = _ring.tile_order(spec, bounds, batch, 64, 64)
+    assert order.dtype == jnp.int32 and order.shape == (batch * bounds_shape[1] * q_tiles,)
+
+    def width(h, t, b):
+        return int(hi[b % bounds_shape[0], h % bounds_shape[1], t] - lo[b % bounds_shape[0], h % bounds_shape[1], t])
+
+    ran = _run_schedule(_ring.Schedule(tiles, programs, snake=True, ordered=True), order)
+    with pytest.raises(ValueError, match=r"ordered=True needs persistent programs, not programs=None"):
+        _ring.Schedule(tiles, ordered=True)
+    assert sorted(ran) == sorted((h, t, b) for h in range(heads) for t in range(q_tiles) for b in range(batch))
+    widths = [width(*tile) for tile in ran]
+    assert widths == sorted(widths, reverse=True)
+    grid_order = [(b, t, h) for h, t, b in ran]
+    for width_ in set(widths):
+        same = [g for g, w in zip(grid_order, widths) if w == width_]
+        if bounds_shape[1] > 1:
+            assert same == sorted(same, key=lambda g: (g[0], g[2], g[1]))  # units (batch, head, tile)
+        else:
+            assert same == sorted(same)
+
+
+def test_the_tile_order_counts_the_key_tiles_positions_leave():
+    """Two causal documents of two query tiles each: a document's second tile visits two
+    key tiles and its first one, so the order runs the second tiles first."""
+    spec = MaskSpec.create(4 * 128, 4 * 128, causal=True, has_segments=True)
+    bounds = jnp.asarray([[[[0, 0, 2, 2], [0, 0, 2, 2], [2, 2, 4, 4], [2, 2, 4, 4]]]], jnp.int32)
+    assert _ring.tile_order(spec, bounds, 1, 128, 128).tolist() == [1, 3, 0, 2]
+
+
 def test_persistent_programs_even_out_their_shares_of_uneven_tiles():
     """`Schedule.balanced` picks the count (at most the multiprocessors, at least 7/8 of
     them) and order whose busiest program has the least work: equal tiles go round on
@@ -417,9 +477,9 @@ def test_persistent_programs_even_out_their_shares_of_uneven_tiles():
 
 
 def test_persistent_programs_by_default_where_query_tiles_visit_few_keys():
-    """Calls whose query tiles each visit 2048 keys or fewer, with no runtime mask,
-    default to persistent programs (measured, `v3._PERSISTENT_KEYS`), where their output
-    tile fits; a user's tuning keeps its own."""
+    """Calls whose query tiles each visit 2048 keys or fewer, with no segment ids and no
+    dense mask, default to persistent programs (measured, `v3._PERSISTENT_KEYS`), where
+    their output tile fits; a user's tuning keeps its own."""
     for (q_len, kv_len), options, head_dim, persistent in (
         ((16384, 16384), dict(window=(256, 256)), 128, True),
         ((16384, 16384), dict(causal=True, window=(1023, 0)), 128, True),
@@ -431,7 +491,8 @@ def test_persistent_programs_by_default_where_query_tiles_visit_few_keys():
         ((16384, 16384), dict(window=(1000, 1000)), 128, False),
         ((16384, 16384), dict(window=(256, 256)), 256, False),  # no room for the output's tile
         ((1024, 1024), dict(has_segments=True), 128, False),
-        ((1024, 1024), dict(has_lengths=True), 128, False),
+        ((1024, 1024), dict(has_lengths=True), 128, True),
+        ((4096, 4096), dict(causal=True, has_lengths=True), 128, False),
         ((1024, 1024), dict(has_dense_mask=True), 128, False),
     ):
         spec = MaskSpec.create(q_len, kv_len, **options)
@@ -568,11 +629,23 @@ def test_swept_backward_tiles_are_exact_on_the_gpu(case, candidate):
     _assert_exact(case, v3.Tuning(backward=mosaic_backward.BackwardTuning(*candidate)))
 
 
-# Forward calls for persistent programs: BACKWARD_CASES' awkward masks, and enough tiles
-# that each of an H100's programs runs two (2 x 8 heads x 16 query tiles).
+# Forward calls for persistent programs: BACKWARD_CASES' awkward masks, enough tiles that
+# each of an H100's programs runs two (2 x 8 heads x 16 query tiles), and ragged lengths
+# alone (whose programs take the tiles heaviest first, `_ring.tile_order`).
 PERSISTENT_CASES = [
     *BACKWARD_CASES,
     Case("causal_256_tiles", batch=(2,), q_len=2048, num_heads=8, head_dim=128, dtype="bfloat16", causal=True),
+    Case(
+        "lengths_gqa_causal",
+        batch=(3,),
+        q_len=700,
+        num_heads=8,
+        num_kv_heads=2,
+        head_dim=128,
+        dtype="bfloat16",
+        causal=True,
+        lengths="ragged",
+    ),
 ]
 
 

@@ -214,15 +214,22 @@ class Schedule:
     the hardware launches a grid (heads fastest), every other round backwards if
     ``snake``. A program moves to its next tile without a launch, its producer loading
     that tile's keys while its consumers finish the last.
+
+    ``ordered`` (persistent programs only): the places in that order hold the tiles of a
+    runtime permutation (`tile_order`, the heaviest first), for lengths, which make the
+    tiles uneven in ways the host cannot see.
     """
 
     tiles: tuple[int, int, int]
     programs: int | None = None
     snake: bool = False
+    ordered: bool = False
 
     def __post_init__(self):
         if self.programs is not None and not 0 < self.programs <= math.prod(self.tiles):
             raise ValueError(f"programs={self.programs} must be in [1, {math.prod(self.tiles)}] for tiles={self.tiles}")
+        if self.ordered and self.programs is None:
+            raise ValueError(f"ordered={self.ordered} needs persistent programs, not programs={self.programs}")
 
     @classmethod
     def balanced(cls, tiles: tuple[int, int, int], work: Sequence[float], most: int) -> Schedule:
@@ -268,13 +275,23 @@ class Schedule:
         partial = self._linear(rounds) < math.prod(self.tiles)
         return jnp.int32(rounds) + partial.astype(jnp.int32)
 
-    def index(self, i):
-        """``(head, query tile, batch)`` of this program's ``i``-th tile."""
+    def index(self, i, order=None):
+        """``(head, query tile, batch)`` of this program's ``i``-th tile (through the
+        `tile_order` ref ``order`` if `ordered`)."""
         if self.programs is None:
             return tuple(lax.axis_index(name) for name in self.names)
         heads, q_tiles, _ = (jnp.int32(n) for n in self.tiles)
         linear = self._linear(i)
-        return lax.rem(linear, heads), lax.rem(lax.div(linear, heads), q_tiles), lax.div(linear, heads * q_tiles)
+        if not self.ordered:
+            return lax.rem(linear, heads), lax.rem(lax.div(linear, heads), q_tiles), lax.div(linear, heads * q_tiles)
+        # A unit of the order stands for `repeat` heads (all of them where the bounds are
+        # the same for every head): place `linear` is head `r` of unit `order[linear // repeat]`.
+        units_heads = order.shape[0] // (self.tiles[1] * self.tiles[2])
+        repeat = jnp.int32(self.tiles[0] // units_heads)
+        unit, r = order[lax.div(linear, repeat)], lax.rem(linear, repeat)
+        head_and_batch = lax.div(unit, q_tiles)
+        h = lax.rem(head_and_batch, jnp.int32(units_heads)) * repeat + r
+        return h, lax.rem(unit, q_tiles), lax.div(head_and_batch, jnp.int32(units_heads))
 
     def loop(self, body):
         """``body(i, done) -> done`` over this program's tiles ``i``, ``done`` counting the
@@ -283,6 +300,19 @@ class Schedule:
             body(0, 0)
         else:
             lax.fori_loop(jnp.int32(0), self.count(), body, jnp.int32(0))
+
+
+def tile_order(spec: MaskSpec, bounds, batch: int, rows: int, block_k: int) -> jax.Array:
+    """An ordered `Schedule`'s permutation: the ``(batch, head, query tile)`` units of the
+    runtime ``bounds [1|batch, 1|heads, q_tiles, 4]`` (`MaskSpec.tile_bounds`), flattened
+    in that order, sorted by the key tiles each visits (`MaskSpec.kv_spans` of its query
+    tile of ``rows`` rows within its bounds), most first (ties keep their order): int32
+    ``[batch * (1|heads) * q_tiles]``."""
+    bounds = jnp.broadcast_to(bounds, (batch, *bounds.shape[1:]))
+    q_tiles = jnp.arange(bounds.shape[-2], dtype=jnp.int32)
+    spans = spec.kv_spans(q_tiles, rows, block_k, tuple(bounds[..., i] for i in range(4)))
+    steps = jnp.broadcast_to(spans[-1].stop - spans[0].start, bounds.shape[:-1]).reshape(-1)
+    return jnp.argsort(steps, descending=True, stable=True).astype(jnp.int32)
 
 
 @functools.cache

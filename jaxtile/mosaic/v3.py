@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -123,10 +124,9 @@ class Tuning:
 _SHORT_CAUSAL = 4096
 
 
-# Persistent programs (`Schedule.balanced`) where every query tile visits at most this
-# many keys and no runtime part of the mask makes tiles uneven in ways the host cannot see
-# (H100, `bench/results/h100/persistent/`, against one program per tile: causal 1K and
-# 2K 1.04-1.12x, the (1023, 0) window 1.06x, the (256, 256) window 1.05-1.08x,
+# Persistent programs where every query tile visits at most this many keys and no runtime
+# part of the mask decides single elements (H100, `bench/results/h100/persistent/`,
+# against one program per tile: causal 1K and 2K 1.04-1.12x, the (1023, 0) window 1.06x, the (256, 256) window 1.05-1.08x,
 # non-causal 1K and 2K 0.99-1.03x; causal 4K 0.97-1.01x, causal 16K 0.95x, non-causal 4K
 # and 16K 0.94-0.97x, packed documents 0.75x).
 _PERSISTENT_KEYS = 2048
@@ -134,8 +134,9 @@ _PERSISTENT_KEYS = 2048
 
 def _persistent(spec: MaskSpec | None, rows: int) -> bool:
     """Whether each of ``spec``'s query tiles of ``rows`` rows visits at most
-    `_PERSISTENT_KEYS` keys, with no runtime part (segments, lengths, a dense mask)."""
-    if spec is None or not spec.is_structured:
+    `_PERSISTENT_KEYS` keys, the mask having no segment ids and no dense mask (with
+    lengths, the programs take the tiles heaviest first: `_schedule`)."""
+    if spec is None or spec.masks_elements:
         return False
     keys = spec.kv_len if spec.left is None or spec.right is None else min(spec.kv_len, spec.left + spec.right + rows)
     return keys <= _PERSISTENT_KEYS
@@ -201,6 +202,7 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
     k, v, the runtime parts of the mask the call has (`_ring.runtime_operands`), out, lse
     and the shared memory."""
     q_ref, k_ref, v_ref, *runtime, o_ref, lse_ref, scoped = refs
+    order_ref = runtime.pop() if schedule.ordered else None
     ids, lengths_ref, dense_ref, bounds_ref = _ring.runtime_refs(spec, runtime)
     (own, ring, o_smem, lse_smem), (own_ready, ready, free), turn = scoped
     (k_smem, v_smem, *_), (k_ready, v_ready, *_), (k_free, v_free, *_) = ring, ready, free
@@ -212,8 +214,9 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
 
     def tile(i):
         """``(head, query tile, batch)`` of this program's ``i``-th tile, and its key spans."""
-        h, t, b = schedule.index(i)
-        t = _ring.query_tile(spec, schedule.tiles[1], t)
+        h, t, b = schedule.index(i, order_ref)
+        if not schedule.ordered:
+            t = _ring.query_tile(spec, schedule.tiles[1], t)
         return (h, t, b), *_ring.key_spans(spec, rows, bk, t, b, bounds_ref, h)
 
     def take_turn():
@@ -372,6 +375,21 @@ def _key_tiles(spec: MaskSpec, q_tiles: int, rows: int, block_k: int) -> np.ndar
         return np.broadcast_to(np.asarray(spans[-1].stop) - np.asarray(spans[0].start) + 1, (q_tiles,))
 
 
+def _schedule(spec: MaskSpec, tuning: Tuning, tiles: tuple[int, int, int], rows: int, bounds):
+    """The forward's `_ring.Schedule` of ``tiles`` and its extra operands: one program per
+    tile, or persistent programs; these balanced on the host (`_key_tiles`) where the mask
+    has no runtime ``bounds``, else taking the tiles heaviest first in snaking rounds
+    (`_ring.tile_order`, the one operand)."""
+    if not tuning.persistent:
+        return _ring.Schedule(tiles), ()
+    if bounds is None:
+        work = _key_tiles(spec, tiles[1], rows, tuning.block_k)
+        return _ring.Schedule.balanced(tiles, work, _ring.multiprocessors()), ()
+    programs = min(_ring.multiprocessors(), math.prod(tiles))
+    order = _ring.tile_order(spec, bounds, tiles[2], rows, tuning.block_k)
+    return _ring.Schedule(tiles, programs, snake=True, ordered=True), (order,)
+
+
 def forward_pass(inputs: Inputs, config: Config):
     """The forward kernel: ``out [batch, q_len, heads, head_dim_v]`` in the query's dtype
     and the natural-log ``lse [batch, heads, q_len]``. Head dims are zero-padded to
@@ -387,10 +405,8 @@ def forward_pass(inputs: Inputs, config: Config):
     v = pad_to(pad_to(inputs.v, 3, head_dim_v), 1, kv_len)
     dims_p = dataclasses.replace(dims, q_len=q_len, kv_len=kv_len, head_dim=head_dim, head_dim_v=head_dim_v)
     tiles = (dims.num_heads, q_len // rows, dims.batch)
-    schedule = _ring.Schedule(tiles)
-    if tuning.persistent:
-        work = _key_tiles(config.mask, tiles[1], rows, tuning.block_k)
-        schedule = _ring.Schedule.balanced(tiles, work, _ring.multiprocessors())
+    runtime = _ring.runtime_operands(inputs, config.mask, q_len, kv_len, rows, tuning.block_k)
+    schedule, order = _schedule(config.mask, tuning, tiles, rows, _ring.runtime_refs(config.mask, runtime).bounds)
     kernel = functools.partial(
         _kernel, spec=config.mask, logits=config.logits, dims=dims_p, tuning=tuning, schedule=schedule
     )
@@ -401,7 +417,7 @@ def forward_pass(inputs: Inputs, config: Config):
     ring += _ring.segment_tiles(config.mask, stages, bk) + _ring.dense_tiles(config.mask, stages, rows, bk)
     out, lse = _ring.launch(
         kernel,
-        (q, k, v, *_ring.runtime_operands(inputs, config.mask, q_len, kv_len, rows, bk)),
+        (q, k, v, *runtime, *order),
         (
             jax.ShapeDtypeStruct((dims.batch, q_len, dims.num_heads, head_dim_v), dtype),
             jax.ShapeDtypeStruct((dims.batch, dims.num_heads, q_len), jnp.float32),
