@@ -388,10 +388,11 @@ class MaskSpec:
         kv_idx = jnp.arange(self.kv_len, dtype=jnp.int32)[None, :]
         seen = jnp.broadcast_to(self.visible(q_idx, kv_idx, dense=dense), (*dense.shape[:2], self.q_len, self.kv_len))
 
-        # One pass over the mask for both extents: each row's last key seen (-1 for none).
-        last = jnp.max(jnp.where(seen, kv_idx, -1), axis=(1, 3))  # [1|batch, q_len]
-        q_length = jnp.max(jnp.where(last >= 0, q_idx[:, 0] + 1, 0), axis=-1).astype(jnp.int32)
-        kv_length = (jnp.max(last, axis=-1) + 1).astype(jnp.int32)
+        def extent(used):  # one past the last True of ``used [1|batch, n]``
+            n = used.shape[-1]
+            return jnp.where(jnp.any(used, axis=-1), n - jnp.argmax(used[:, ::-1], axis=-1), 0).astype(jnp.int32)
+
+        q_length, kv_length = extent(jnp.any(seen, axis=(1, 3))), extent(jnp.any(seen, axis=(1, 2)))
         lengths = (q_length[:, None, None, None], kv_length[:, None, None, None])
         same = jnp.all(seen == self.recognised().visible(q_idx, kv_idx, lengths=lengths))
         return jnp.stack([q_length, kv_length], axis=-1), same

@@ -67,19 +67,23 @@ def report(title, mode, ms):
         print(f"{title:28s} {mode:6s} {label:14s} {runs_text:16s} {speed}", flush=True)
 
 
-def main():
-    stamp = json.loads(Path("VERSION.json").read_text()) if Path("VERSION.json").exists() else {}
-    print(jaxtile.__file__, stamp.get("commit"), stamp.get("dirty"), jax.__version__, jax.devices()[0].device_kind)
+# (name, batch, seq, heads, head_dim, causal, ragged lengths or whole sequences)
+CASES = (
+    ("ragged_8x2k_d128", 8, 2048, 16, 128, True, True),
+    ("ragged_16x1k_d64", 16, 1024, 32, 64, True, True),
+    ("ragged_4x4k_d128", 4, 4096, 16, 128, True, True),
+    ("full_8x2k_d128", 8, 2048, 16, 128, True, False),
+    ("ragged_8x2k_d128_noncausal", 8, 2048, 16, 128, False, True),
+)
+
+
+def lengths_cases(cases):
+    """``(shape, lengths)`` of each of ``cases`` (as `CASES`), the ragged lengths drawn
+    in turn from one seeded generator."""
     base = next(s for s in check.SHAPES if s.name == "documents_8x2k_causal_16k")
     rng = np.random.default_rng(3)
-    cases = []
-    for name, batch, seq, heads, head_dim, causal, ragged in (
-        ("ragged_8x2k_d128", 8, 2048, 16, 128, True, True),
-        ("ragged_16x1k_d64", 16, 1024, 32, 64, True, True),
-        ("ragged_4x4k_d128", 4, 4096, 16, 128, True, True),
-        ("full_8x2k_d128", 8, 2048, 16, 128, True, False),
-        ("ragged_8x2k_d128_noncausal", 8, 2048, 16, 128, False, True),
-    ):
+    shaped = []
+    for name, batch, seq, heads, head_dim, causal, ragged in cases:
         shape = dataclasses.replace(
             base,
             name=name,
@@ -92,7 +96,14 @@ def main():
             documents=0,
         )
         lengths = rng.integers(1, seq + 1, (batch,)) if ragged else np.full((batch,), seq)
-        cases.append((shape, jnp.asarray(lengths, jnp.int32)))
+        shaped.append((shape, jnp.asarray(lengths, jnp.int32)))
+    return shaped
+
+
+def main():
+    stamp = json.loads(Path("VERSION.json").read_text()) if Path("VERSION.json").exists() else {}
+    print(jaxtile.__file__, stamp.get("commit"), stamp.get("dirty"), jax.__version__, jax.devices()[0].device_kind)
+    cases = lengths_cases(CASES)
     for shape, lengths in cases:
         for mode in ("fwd", "fwdbwd") if shape.name == "ragged_8x2k_d128" else ("fwd",):
             variants = {"grid": lengths_call(shape, lengths, False), "persistent": lengths_call(shape, lengths, True)}
