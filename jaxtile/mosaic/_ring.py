@@ -216,8 +216,8 @@ class Schedule:
     that tile's keys while its consumers finish the last.
 
     ``ordered`` (persistent programs only): the places in that order hold the tiles of a
-    runtime permutation (`tile_order`, each batch element's heaviest first), for lengths,
-    which make the tiles uneven in ways the host cannot see.
+    runtime permutation (`tile_order`, the heaviest first), for lengths, which make the
+    tiles uneven in ways the host cannot see.
     """
 
     tiles: tuple[int, int, int]
@@ -305,16 +305,14 @@ class Schedule:
 def tile_order(spec: MaskSpec, bounds, batch: int, rows: int, block_k: int) -> jax.Array:
     """An ordered `Schedule`'s permutation: the ``(batch, head, query tile)`` units of the
     runtime ``bounds [1|batch, 1|heads, q_tiles, 4]`` (`MaskSpec.tile_bounds`), flattened
-    in that order, batch element by batch element (whose keys then stay in L2 while its
-    tiles run), each one's sorted by the key tiles each visits (`MaskSpec.kv_spans` of its
-    query tile of ``rows`` rows within its bounds), most first (ties keep their order):
-    int32 ``[batch * (1|heads) * q_tiles]``."""
+    in that order, sorted by the key tiles each visits (`MaskSpec.kv_spans` of its query
+    tile of ``rows`` rows within its bounds), most first (ties keep their order): int32
+    ``[batch * (1|heads) * q_tiles]``."""
     bounds = jnp.broadcast_to(bounds, (batch, *bounds.shape[1:]))
     q_tiles = jnp.arange(bounds.shape[-2], dtype=jnp.int32)
     spans = spec.kv_spans(q_tiles, rows, block_k, tuple(bounds[..., i] for i in range(4)))
-    steps = jnp.broadcast_to(spans[-1].stop - spans[0].start, bounds.shape[:-1])
-    key = jnp.arange(batch, dtype=jnp.int32)[:, None, None] * (jnp.max(steps) + 1) - steps
-    return jnp.argsort(key.reshape(-1), stable=True).astype(jnp.int32)
+    steps = jnp.broadcast_to(spans[-1].stop - spans[0].start, bounds.shape[:-1]).reshape(-1)
+    return jnp.argsort(steps, descending=True, stable=True).astype(jnp.int32)
 
 
 @functools.cache
