@@ -100,6 +100,20 @@ def test_segments_and_dense_masks_mask_every_tile():
     assert (int(spans[0].start), int(spans[0].stop)) == (0, 4)
 
 
+def test_only_segment_ids_and_dense_masks_mask_single_elements():
+    """`MaskSpec.masks_elements` (which sets the Mosaic kernels' tiles) is true where a
+    runtime array decides single pairs, not for lengths, positions or windows."""
+    for runtime, expected in (
+        (dict(), False),
+        (dict(has_lengths=True), False),
+        (dict(has_segments=True), True),
+        (dict(has_dense_mask=True), True),
+        (dict(has_segments=True, has_lengths=True), True),
+    ):
+        spec = MaskSpec.create(256, 512, causal=True, window=(100, 0), **runtime)
+        assert spec.masks_elements == expected, runtime
+
+
 def test_bottom_right_alignment():
     spec = MaskSpec.create(2, 5, causal=True)
     np.testing.assert_array_equal(_visible(spec), [[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]])

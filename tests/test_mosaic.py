@@ -448,6 +448,24 @@ def test_ordered_schedules_run_every_tile_once_heaviest_first(programs, bounds_s
             assert same == sorted(same)
 
 
+def test_the_forward_orders_persistent_programs_by_the_runtime_bounds(monkeypatch):
+    """`v3._schedule`: one program per tile unless persistent; persistent programs balanced
+    on the host without runtime bounds, else ordered by `_ring.tile_order`, whose order
+    is the kernel's one extra operand."""
+    monkeypatch.setattr(_ring, "multiprocessors", lambda: 132)
+    tiles, rows = (16, 16, 8), 128
+    lengths = MaskSpec.create(2048, 2048, causal=True, has_lengths=True)
+    bounds = lengths.tile_bounds(rows, 128, lengths=jnp.asarray([[2048, 2048], [300, 300]] * 4, jnp.int32))
+    one_per_tile = v3._schedule(lengths, v3.Tuning(), tiles, rows, bounds)
+    assert one_per_tile == (_ring.Schedule(tiles), ())
+    schedule, (order,) = v3._schedule(lengths, v3.Tuning(persistent=True), tiles, rows, bounds)
+    assert schedule == _ring.Schedule(tiles, 132, snake=True, ordered=True)
+    assert order.tolist() == _ring.tile_order(lengths, bounds, 8, rows, 128).tolist()
+    structured = MaskSpec.create(2048, 2048, causal=True)
+    schedule, operands = v3._schedule(structured, v3.Tuning(persistent=True), tiles, rows, None)
+    assert not schedule.ordered and schedule.programs is not None and operands == ()
+
+
 def test_the_tile_order_counts_the_key_tiles_positions_leave():
     """Two causal documents of two query tiles each: a document's second tile visits two
     key tiles and its first one, so the order runs the second tiles first."""

@@ -135,10 +135,10 @@ class BackwardTuning:
 def default_backward_tuning(head_dim: int, head_dim_v: int, masks_elements: bool = False) -> BackwardTuning:
     """Query tiles of 128 rows where both head dims are at most 64 and no runtime array
     masks single elements (`MaskSpec.masks_elements`), else of 64, and the dQ kernel's
-    key tiles as dK/dV's (measured by ``python -m bench.tune --impl mosaic_v3`` at 4K, fwd+bwd: at head dim 64, 128 rows
-    are 5% faster non-causal on an H100 and 6% on an H200, causal 2% slower and 1%
-    faster; at head dim 128 they are 24-40% slower on the H100; 128-key dQ tiles are
-    1-2% slower at head dims 64 and 128 on the H200;
+    key tiles as dK/dV's (measured by ``python -m bench.tune --impl mosaic_v3`` at 4K,
+    fwd+bwd: at head dim 64, 128 rows are 5% faster non-causal on an H100 and 6% on an
+    H200, causal 2% slower and 1% faster; at head dim 128 they are 24-40% slower on the
+    H100; 128-key dQ tiles are 1-2% slower at head dims 64 and 128 on the H200;
     `bench/results/h100/tune_mosaic_1a4c1c8_dirty.json`,
     `bench/results/h200/tune_mosaic_3e15e08.json`, `tune_mosaic_ec9f9f7.json`). With a
     dense mask, each consumer holds its part of the mask's tile beside its scores: at
