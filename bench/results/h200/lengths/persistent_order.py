@@ -1,6 +1,7 @@
 """The order of persistent programs for masks with lengths on mosaic_v3's forward: batch
-element by batch element, each one's tiles heaviest first (`_ring.tile_order` at this
-commit), against all tiles heaviest first (9a7850c's order, `persistent_lengths.py`),
+element by batch element, each one's tiles heaviest first (`_ring.tile_order` at 18e875f,
+where the log was taken; reverted in 4ba6452), against all tiles heaviest first
+(9a7850c's order, now `_ring.tile_order` again, `persistent_lengths.py`),
 and one program per query tile; on `persistent_lengths.py`'s cases and two more (16K
 ragged, 4K whole sequences). In one process, two passes, jax's caches cleared between
 variants."""
@@ -10,13 +11,11 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-from persistent_lengths import CASES, lengths_call, lengths_cases, report
+from persistent_lengths import CASES, lengths_call, lengths_cases, patched, report
 
 import jaxtile
 from bench import check
 from jaxtile.mosaic import _ring
-
-BATCH_MAJOR = _ring.tile_order
 
 
 def heaviest_first(spec, bounds, batch: int, rows: int, block_k: int):
@@ -28,17 +27,6 @@ def heaviest_first(spec, bounds, batch: int, rows: int, block_k: int):
     return jnp.argsort(steps, descending=True, stable=True).astype(jnp.int32)
 
 
-def ordered_by(order, attend):
-    def traced(*args, **kwargs):
-        _ring.tile_order = order
-        try:
-            return attend(*args, **kwargs)
-        finally:
-            _ring.tile_order = BATCH_MAJOR
-
-    return traced
-
-
 def main():
     stamp = json.loads(Path("VERSION.json").read_text()) if Path("VERSION.json").exists() else {}
     print(jaxtile.__file__, stamp.get("commit"), stamp.get("dirty"), jax.__version__, jax.devices()[0].device_kind)
@@ -47,7 +35,7 @@ def main():
         variants = {
             "grid": lengths_call(shape, lengths, False),
             "batch_major": lengths_call(shape, lengths, True),
-            "heaviest": ordered_by(heaviest_first, lengths_call(shape, lengths, True)),
+            "heaviest": patched(_ring, "tile_order", heaviest_first, lengths_call(shape, lengths, True)),
         }
         report(shape.name, "fwd", check.timed_passes(variants, shape, "fwd"))
 
