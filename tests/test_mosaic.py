@@ -417,9 +417,9 @@ def _run_schedule(schedule: _ring.Schedule, order=None) -> list[tuple[int, int, 
 @pytest.mark.parametrize("programs", [5, 24])
 def test_ordered_schedules_run_every_tile_once_heaviest_first(programs, bounds_shape):
     """An ordered `Schedule` runs every (head, query tile, batch) once, in launch order
-    (rounds of persistent programs snaking) from the most key
-    tiles of the runtime bounds to the fewest, ties in grid order (`_ring.tile_order`),
-    for bounds per batch element, per head, or both."""
+    (rounds of persistent programs snaking) from the most key tiles of the runtime bounds
+    to the fewest, ties in grid order (`_ring.tile_order`), for bounds per batch element,
+    per head, or both."""
     tiles = (4, 3, 2)
     heads, q_tiles, batch = tiles
     lo_key, width_key = jax.random.split(jax.random.key(7))

@@ -216,8 +216,8 @@ class Schedule:
     that tile's keys while its consumers finish the last.
 
     ``ordered`` (persistent programs only): the places in that order hold the tiles of a
-    runtime permutation (`tile_order`, the heaviest first), for lengths, which make the
-    tiles uneven in ways the host cannot see.
+    runtime permutation (`tile_order`, the heaviest first), for masks with runtime bounds
+    (by default lengths alone), which make the tiles uneven in ways the host cannot see.
     """
 
     tiles: tuple[int, int, int]
