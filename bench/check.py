@@ -18,6 +18,8 @@ The results file records the jaxtile commit, whether the tree was dirty, and the
 
     python -m bench.check --out check.json          # on a GPU
     python -m bench.check --only gqa mqa --modes fwd
+    python -m bench.check --part 1/2 --out a.json   # half the cases, for a shorter time box
+    python -m bench.check --report a.json b.json    # the README's table of both halves
 """
 
 from __future__ import annotations
@@ -364,6 +366,49 @@ def render(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def select(only: list[str] | None = None, part: tuple[int, int] = (1, 1)) -> list[Shape]:
+    """The cases of `SHAPES` whose name contains one of the words ``only`` (all, for
+    None), and of those every ``N``-th from the ``K``-th, for ``part`` ``(K, N)``."""
+    k, n = part
+    return [s for s in SHAPES if not only or any(word in s.name for word in only)][k - 1 :: n]
+
+
+def merge(parts: list[dict]) -> dict:
+    """The results of one check run in disjoint ``parts`` (``--part``), each of the same
+    commit, tree and GPU: their rows in `SHAPES`' order, the environment of the first."""
+
+    def source(part):
+        env = part["environment"]
+        return env["git"].get("commit"), env["git"].get("dirty"), env["device"]
+
+    for part in parts[1:]:
+        if source(part) != source(parts[0]):
+            raise ValueError(
+                f"parts of one check share a commit, tree and GPU; got {source(parts[0])} and {source(part)}"
+            )
+    rows = [r for part in parts for r in part["rows"]]
+    seen = [(r["case"], r["mode"]) for r in rows]
+    if len(set(seen)) < len(seen):
+        raise ValueError(
+            f"parts of one check are disjoint; rows measured twice: {sorted({x for x in seen if seen.count(x) > 1})}"
+        )
+    order = {shape.name: i for i, shape in enumerate(SHAPES)}
+    rows.sort(key=lambda r: (order.get(r["case"], len(order)), MODES.index(r["mode"])))
+    planned = sum(part["summary"].get("planned", part["summary"]["rows"]) for part in parts)
+    return dict(environment=parts[0]["environment"], summary=_summary(rows, planned), rows=rows)
+
+
+def _part(text: str) -> tuple[int, int]:
+    """``K/N`` of ``--part``, as ``(K, N)`` with ``1 <= K <= N``."""
+    try:
+        k, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--part takes K/N, as 1/2; got {text!r}") from None
+    if not 1 <= k <= n:
+        raise argparse.ArgumentTypeError(f"--part K/N needs 1 <= K <= N; got {text!r}")
+    return k, n
+
+
 def _summary(rows: list[dict], planned: int) -> dict:
     """How many rows ran (of how many ``planned``), how many failed, and the geometric mean
     of cuDNN's time over jaxtile's."""
@@ -382,17 +427,26 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.check", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="write the rows and the environment as JSON")
     parser.add_argument("--only", nargs="+", metavar="WORD", help="cases whose name contains one of these")
+    parser.add_argument(
+        "--part", type=_part, default=(1, 1), metavar="K/N", help="every N-th of those cases, from the K-th"
+    )
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--budget", type=float, default=0.5, metavar="S", help="seconds of timed calls per number")
     parser.add_argument("--floors", type=Path, default=FLOORS)
-    parser.add_argument("--report", type=Path, metavar="JSON", help="print a results file as the README's table")
+    parser.add_argument(
+        "--report",
+        type=Path,
+        nargs="+",
+        metavar="JSON",
+        help="print results files (one run's parts) as the README's table",
+    )
     args = parser.parse_args(argv)
     if args.report:
-        print(render(json.loads(args.report.read_text())), end="")
+        print(render(merge([json.loads(path.read_text()) for path in args.report])), end="")
         return 0
     if jax.default_backend() != "gpu":
         parser.error("the performance check times GPU kernels; run it on an NVIDIA GPU")
-    shapes = [s for s in SHAPES if not args.only or any(word in s.name for word in args.only)]
+    shapes = select(args.only, args.part)
     floors = json.loads(args.floors.read_text())["floors"]
     env = dict(probe(), date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
     if load_tokamax() is not None:

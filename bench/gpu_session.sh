@@ -5,6 +5,7 @@
 #   bash bench/gpu_session.sh check OUT            # the kernels' GPU and correctness tests, the extremes compiled for real
 #   bash bench/gpu_session.sh check_api OUT        # their jax.nn, API, autodiff, paged, determinism and numerics tests
 #   bash bench/gpu_session.sh perf OUT [ARGS...]   # python -m bench.check: jaxtile vs cuDNN, the committed floors
+#                                                  # (--part 1/2, then 2/2: each half fits one call)
 #   bash bench/gpu_session.sh decode OUT [ARGS...] # python -m bench.decode: decode vs the copy bandwidth and cuDNN
 #   bash bench/gpu_session.sh ab OUT A B [ARGS...] # python -m bench.ab: two versions (directories), each in its own process
 #   bash bench/gpu_session.sh tune OUT [ARGS...]   # python -m bench.tune: launch parameters of the kernels

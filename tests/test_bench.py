@@ -3,6 +3,7 @@ tiny run of ``python -m bench`` end to end (JSON schema, table, plots, report)."
 
 from __future__ import annotations
 
+import argparse
 import functools
 import json
 import os
@@ -339,6 +340,52 @@ def test_check_compares_with_the_peer_against_committed_floors(monkeypatch):
     unmeasured = dict(rows[0], ratio=None, status="no peer")
     table = check.render(dict(results, rows=[unmeasured], summary=check._summary([unmeasured], 1)))
     assert "0 of 1 rows with a floor at or above it" in table, "a row without a peer's number is not at its floor"
+
+
+def test_check_runs_in_parts_merged_into_one_table():
+    """``--part K/N`` splits the cases (after ``--only``) into N disjoint parts that
+    cover them; ``--report`` merges the parts of one run back in `SHAPES`' order and
+    refuses parts of different runs or rows measured twice."""
+    from bench import check
+
+    halves = [check.select(None, (k, 2)) for k in (1, 2)]
+    assert sorted(s.name for s in halves[0] + halves[1]) == sorted(s.name for s in check.SHAPES)
+    assert not {s.name for s in halves[0]} & {s.name for s in halves[1]}
+    gqa = check.select(["gqa"], (2, 2))
+    assert gqa == check.select(["gqa"])[1::2] and all("gqa" in s.name for s in gqa)
+    assert check._part("2/3") == (2, 3)
+    for bad in ("3/2", "0/1", "half"):
+        with pytest.raises(argparse.ArgumentTypeError, match="--part"):
+            check._part(bad)
+
+    def part(shapes, commit="abc"):
+        rows = [
+            dict(
+                case=s.name,
+                mode=m,
+                jaxtile={"ms": 1.0},
+                cudnn={"ms": 0.5},
+                peer="cudnn",
+                ratio=0.5,
+                floor=None,
+                status="ok",
+            )
+            for s in shapes
+            for m in reversed(check.MODES)
+        ]
+        env = dict(device="GPU", date="2026-11-28", git={"commit": commit, "dirty": False}, versions={"jax": "0.11.2"})
+        return dict(environment=env, summary=check._summary(rows, len(rows)), rows=rows)
+
+    merged = check.merge([part(halves[1]), part(halves[0])])
+    assert [(r["case"], r["mode"]) for r in merged["rows"]] == [
+        (s.name, m) for s in check.SHAPES for m in check.MODES
+    ], "rows in the order of the cases and modes"
+    assert merged["summary"]["rows"] == merged["summary"]["planned"] == 2 * len(check.SHAPES)
+    assert merged["summary"]["geomean_vs_cudnn"] == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="share a commit"):
+        check.merge([part(halves[0]), part(halves[1], commit="def")])
+    with pytest.raises(ValueError, match="measured twice"):
+        check.merge([part(halves[0]), part(halves[0][:1])])
 
 
 def test_check_times_every_kind_of_case_and_its_jaxtile_peers():
