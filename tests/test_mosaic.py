@@ -396,18 +396,13 @@ def test_persistent_programs_run_every_tile_once_in_rounds(tiles, programs, snak
         _ring.Schedule((4, 3, 2), 0)
 
 
-def _run_schedule(schedule: _ring.Schedule, order=None) -> list[tuple[int, ...]]:
+def _run_schedule(schedule: _ring.Schedule, order=None) -> list[tuple[int, int, int]]:
     """The (head, query tile, batch) tiles ``schedule``'s persistent programs run, in launch
-    order: each program's ``i``-th tile at place ``i * programs + p``; with an ``order``,
-    each tile's place in it too (`Schedule.place`)."""
+    order: each program's ``i``-th tile at place ``i * programs + p``."""
     steps = -(-math.prod(schedule.tiles) // schedule.programs)
 
     def program(_):
-        def tile(i):
-            place = (schedule.place(i, order),) if schedule.ordered else ()
-            return jnp.stack([*schedule.index(i, order), *place])
-
-        return schedule.count(), jnp.stack([tile(jnp.int32(i)) for i in range(steps)])
+        return schedule.count(), jnp.stack([jnp.stack(schedule.index(jnp.int32(i), order)) for i in range(steps)])
 
     counts, indices = jax.vmap(program, axis_name="programs")(jnp.arange(schedule.programs))
     placed = {}
@@ -424,7 +419,7 @@ def test_ordered_schedules_run_every_tile_once_heaviest_first(programs, bounds_s
     """An ordered `Schedule` runs every (head, query tile, batch) once, in launch order
     (rounds of persistent programs snaking) from the most key tiles of the runtime bounds
     to the fewest, ties in grid order (`_ring.tile_order`), for bounds per batch element,
-    per head, or both; each tile's bounds wait at its place in the order."""
+    per head, or both."""
     tiles = (4, 3, 2)
     heads, q_tiles, batch = tiles
     lo_key, width_key = jax.random.split(jax.random.key(7))
@@ -432,17 +427,13 @@ def test_ordered_schedules_run_every_tile_once_heaviest_first(programs, bounds_s
     hi = lo + jax.random.randint(width_key, lo.shape, 0, 4)  # ties among the widths
     bounds = jnp.stack([lo, lo, hi, hi], axis=-1)
     spec = MaskSpec.create(q_tiles * 64, 8 * 64, has_segments=True)  # positions bound no key tile
-    order, ordered_bounds = _ring.tile_order(spec, bounds, batch, 64, 64)
-    units = batch * bounds_shape[1] * q_tiles
-    assert order.dtype == jnp.int32 and order.shape == (units,) and ordered_bounds.shape == (1, 1, units, 4)
+    order = _ring.tile_order(spec, bounds, batch, 64, 64)
+    assert order.dtype == jnp.int32 and order.shape == (batch * bounds_shape[1] * q_tiles,)
 
     def width(h, t, b):
         return int(hi[b % bounds_shape[0], h % bounds_shape[1], t] - lo[b % bounds_shape[0], h % bounds_shape[1], t])
 
     ran = _run_schedule(_ring.Schedule(tiles, programs, snake=True, ordered=True), order)
-    for h, t, b, place in ran:
-        assert ordered_bounds[0, 0, place].tolist() == bounds[b % bounds_shape[0], h % bounds_shape[1], t].tolist()
-    ran = [tile[:3] for tile in ran]
     with pytest.raises(ValueError, match=r"ordered=True needs persistent programs, not programs=None"):
         _ring.Schedule(tiles, ordered=True)
     assert sorted(ran) == sorted((h, t, b) for h in range(heads) for t in range(q_tiles) for b in range(batch))
@@ -459,23 +450,19 @@ def test_ordered_schedules_run_every_tile_once_heaviest_first(programs, bounds_s
 
 def test_the_forward_orders_persistent_programs_by_the_runtime_bounds(monkeypatch):
     """`v3._schedule`: one program per tile unless persistent; persistent programs balanced
-    on the host without runtime bounds, else ordered by `_ring.tile_order`, the kernel's
-    bounds in its order and the order after them."""
+    on the host without runtime bounds, else ordered by `_ring.tile_order`, whose order
+    is the kernel's one extra operand."""
     monkeypatch.setattr(_ring, "multiprocessors", lambda: 132)
     tiles, rows = (16, 16, 8), 128
     lengths = MaskSpec.create(2048, 2048, causal=True, has_lengths=True)
-    pairs = jnp.asarray([[2048, 2048], [300, 300]] * 4, jnp.int32)
-    bounds = lengths.tile_bounds(rows, 128, lengths=pairs)
-    schedule, operands = v3._schedule(lengths, v3.Tuning(), tiles, rows, (pairs, bounds))
-    assert schedule == _ring.Schedule(tiles) and operands == (pairs, bounds)
-    schedule, (lengths_operand, ordered_bounds, order) = v3._schedule(
-        lengths, v3.Tuning(persistent=True), tiles, rows, (pairs, bounds)
-    )
-    assert schedule == _ring.Schedule(tiles, 132, snake=True, ordered=True) and lengths_operand is pairs
-    want_order, want_bounds = _ring.tile_order(lengths, bounds, 8, rows, 128)
-    assert order.tolist() == want_order.tolist() and ordered_bounds.tolist() == want_bounds.tolist()
+    bounds = lengths.tile_bounds(rows, 128, lengths=jnp.asarray([[2048, 2048], [300, 300]] * 4, jnp.int32))
+    one_per_tile = v3._schedule(lengths, v3.Tuning(), tiles, rows, bounds)
+    assert one_per_tile == (_ring.Schedule(tiles), ())
+    schedule, (order,) = v3._schedule(lengths, v3.Tuning(persistent=True), tiles, rows, bounds)
+    assert schedule == _ring.Schedule(tiles, 132, snake=True, ordered=True)
+    assert order.tolist() == _ring.tile_order(lengths, bounds, 8, rows, 128).tolist()
     structured = MaskSpec.create(2048, 2048, causal=True)
-    schedule, operands = v3._schedule(structured, v3.Tuning(persistent=True), tiles, rows, ())
+    schedule, operands = v3._schedule(structured, v3.Tuning(persistent=True), tiles, rows, None)
     assert not schedule.ordered and schedule.programs is not None and operands == ()
 
 
@@ -484,9 +471,7 @@ def test_the_tile_order_counts_the_key_tiles_positions_leave():
     key tiles and its first one, so the order runs the second tiles first."""
     spec = MaskSpec.create(4 * 128, 4 * 128, causal=True, has_segments=True)
     bounds = jnp.asarray([[[[0, 0, 2, 2], [0, 0, 2, 2], [2, 2, 4, 4], [2, 2, 4, 4]]]], jnp.int32)
-    order, ordered_bounds = _ring.tile_order(spec, bounds, 1, 128, 128)
-    assert order.tolist() == [1, 3, 0, 2]
-    assert ordered_bounds.tolist() == [[[[0, 0, 2, 2], [2, 2, 4, 4], [0, 0, 2, 2], [2, 2, 4, 4]]]]
+    assert _ring.tile_order(spec, bounds, 1, 128, 128).tolist() == [1, 3, 0, 2]
 
 
 def test_persistent_programs_even_out_their_shares_of_uneven_tiles():

@@ -195,11 +195,12 @@ def query_tile(spec: MaskSpec, q_tiles: int, t):
     return t if spec.right is None else q_tiles - 1 - t
 
 
-def key_spans(spec: MaskSpec, rows: int, block_k: int, t, bounds=None):
-    """Query tile ``t``'s (of ``rows`` rows) spans of key tiles (`MaskSpec.kv_spans`,
-    within its runtime ``bounds`` (`tile_bounds`) when the mask has them), the first of
-    them and the number of steps."""
-    spans = spec.kv_spans(t, rows, block_k, bounds)
+def key_spans(spec: MaskSpec, rows: int, block_k: int, t, b, bounds_ref=None, h=0):
+    """Query tile ``t``'s (of ``rows`` rows, in batch element ``b`` and head ``h``) spans of
+    key tiles (`MaskSpec.kv_spans`, within the runtime ``bounds_ref [1|batch, 1|heads,
+    tiles, 4]`` of `MaskSpec.tile_bounds` when given), the first of them and the number
+    of steps."""
+    spans = spec.kv_spans(t, rows, block_k, tile_bounds(bounds_ref, t, b, h))
     return spans, spans[0].start, spans[-1].stop - spans[0].start
 
 
@@ -216,9 +217,7 @@ class Schedule:
 
     ``ordered`` (persistent programs only): the places in that order hold the tiles of a
     runtime permutation (`tile_order`, the heaviest first), for masks with runtime bounds
-    (by default lengths alone), which make the tiles uneven in ways the host cannot see;
-    the bounds come in that order too, so that a program reads its tile's unit and bounds
-    at once (`place`).
+    (by default lengths alone), which make the tiles uneven in ways the host cannot see.
     """
 
     tiles: tuple[int, int, int]
@@ -285,23 +284,14 @@ class Schedule:
         linear = self._linear(i)
         if not self.ordered:
             return lax.rem(linear, heads), lax.rem(lax.div(linear, heads), q_tiles), lax.div(linear, heads * q_tiles)
-        units_heads, repeat = self._units(order)
-        unit, r = order[self.place(i, order)], lax.rem(linear, repeat)
+        # A unit of the order stands for `repeat` heads (all of them where the bounds are
+        # the same for every head): place `linear` is head `r` of unit `order[linear // repeat]`.
+        units_heads = order.shape[0] // (self.tiles[1] * self.tiles[2])
+        repeat = jnp.int32(self.tiles[0] // units_heads)
+        unit, r = order[lax.div(linear, repeat)], lax.rem(linear, repeat)
         head_and_batch = lax.div(unit, q_tiles)
         h = lax.rem(head_and_batch, jnp.int32(units_heads)) * repeat + r
         return h, lax.rem(unit, q_tiles), lax.div(head_and_batch, jnp.int32(units_heads))
-
-    def place(self, i, order):
-        """The place in the `tile_order` ``order`` of this program's ``i``-th tile's unit
-        (`ordered` only)."""
-        return lax.div(self._linear(i), self._units(order)[1])
-
-    def _units(self, order) -> tuple[int, jax.Array]:
-        """Heads of the order's units (1 where the bounds are the same for every head) and
-        how many heads a unit stands for: place ``linear`` in launch order is head
-        ``linear % repeat`` of unit ``order[linear // repeat]``."""
-        units_heads = order.shape[0] // (self.tiles[1] * self.tiles[2])
-        return units_heads, jnp.int32(self.tiles[0] // units_heads)
 
     def loop(self, body):
         """``body(i, done) -> done`` over this program's tiles ``i``, ``done`` counting the
@@ -312,19 +302,17 @@ class Schedule:
             lax.fori_loop(jnp.int32(0), self.count(), body, jnp.int32(0))
 
 
-def tile_order(spec: MaskSpec, bounds, batch: int, rows: int, block_k: int) -> tuple[jax.Array, jax.Array]:
+def tile_order(spec: MaskSpec, bounds, batch: int, rows: int, block_k: int) -> jax.Array:
     """An ordered `Schedule`'s permutation: the ``(batch, head, query tile)`` units of the
     runtime ``bounds [1|batch, 1|heads, q_tiles, 4]`` (`MaskSpec.tile_bounds`), flattened
     in that order, sorted by the key tiles each visits (`MaskSpec.kv_spans` of its query
     tile of ``rows`` rows within its bounds), most first (ties keep their order): int32
-    ``[units]``; and the units' bounds in that order, ``[1, 1, units, 4]`` (read at
-    `Schedule.place`: one read of global memory less on the way to a tile's spans)."""
+    ``[batch * (1|heads) * q_tiles]``."""
     bounds = jnp.broadcast_to(bounds, (batch, *bounds.shape[1:]))
     q_tiles = jnp.arange(bounds.shape[-2], dtype=jnp.int32)
     spans = spec.kv_spans(q_tiles, rows, block_k, tuple(bounds[..., i] for i in range(4)))
     steps = jnp.broadcast_to(spans[-1].stop - spans[0].start, bounds.shape[:-1]).reshape(-1)
-    order = jnp.argsort(steps, descending=True, stable=True).astype(jnp.int32)
-    return order, bounds.reshape(-1, bounds.shape[-1])[order][None, None]
+    return jnp.argsort(steps, descending=True, stable=True).astype(jnp.int32)
 
 
 @functools.cache
@@ -390,7 +378,7 @@ def read_lengths(lengths_ref, b):
     return lengths_ref[b, 0], lengths_ref[b, 1]
 
 
-def tile_bounds(bounds_ref, tile, b=0, h=0):
+def tile_bounds(bounds_ref, tile, b, h=0):
     """``(lo, full_lo, full_hi, hi)`` of ``tile`` in batch element ``b`` and head ``h`` from
     `MaskSpec.tile_bounds`' ``[1|batch, 1|heads, tiles, 4]`` (None: None), read by each
     thread."""

@@ -214,7 +214,7 @@ def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning, roles: bool):
     rows = _tiles(roles) * bq
     h, b, wg = lax.axis_index("heads"), lax.axis_index("batch"), lax.axis_index("wg")
     t = _ring.query_tile(spec, dims.q_len // rows, lax.axis_index("q_tiles"))
-    spans, first, steps = _ring.key_spans(spec, rows, bk, t, _ring.tile_bounds(bounds_ref, t, b, h))
+    spans, first, steps = _ring.key_spans(spec, rows, bk, t, b, bounds_ref, h)
 
     @pl.when(wg < CONSUMERS)
     def _consumer():

@@ -219,12 +219,9 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
     def tile(i):
         """``(head, query tile, batch)`` of this program's ``i``-th tile, and its key spans."""
         h, t, b = schedule.index(i, order_ref)
-        if schedule.ordered:  # the bounds in the order's places
-            bounds = _ring.tile_bounds(bounds_ref, schedule.place(i, order_ref))
-        else:
+        if not schedule.ordered:
             t = _ring.query_tile(spec, schedule.tiles[1], t)
-            bounds = _ring.tile_bounds(bounds_ref, t, b, h)
-        return (h, t, b), *_ring.key_spans(spec, rows, bk, t, bounds)
+        return (h, t, b), *_ring.key_spans(spec, rows, bk, t, b, bounds_ref, h)
 
     def take_turn():
         plgpu.barrier_arrive(turn)
@@ -382,21 +379,19 @@ def _key_tiles(spec: MaskSpec, q_tiles: int, rows: int, block_k: int) -> np.ndar
         return np.broadcast_to(np.asarray(spans[-1].stop) - np.asarray(spans[0].start) + 1, (q_tiles,))
 
 
-def _schedule(spec: MaskSpec, tuning: Tuning, tiles: tuple[int, int, int], rows: int, runtime: tuple):
-    """The forward's `_ring.Schedule` of ``tiles`` and the kernel's ``runtime`` operands
-    (`_ring.runtime_operands`): one program per tile, or persistent programs; these
-    balanced on the host (`_key_tiles`) where the mask has no runtime bounds, else taking
-    the tiles heaviest first in snaking rounds (`_ring.tile_order`: the bounds in its
-    order, then the order)."""
-    bounds = _ring.runtime_refs(spec, runtime).bounds
+def _schedule(spec: MaskSpec, tuning: Tuning, tiles: tuple[int, int, int], rows: int, bounds):
+    """The forward's `_ring.Schedule` of ``tiles`` and its extra operands: one program per
+    tile, or persistent programs; these balanced on the host (`_key_tiles`) where the mask
+    has no runtime ``bounds``, else taking the tiles heaviest first in snaking rounds
+    (`_ring.tile_order`, the one operand)."""
     if not tuning.persistent:
-        return _ring.Schedule(tiles), runtime
+        return _ring.Schedule(tiles), ()
     if bounds is None:
         work = _key_tiles(spec, tiles[1], rows, tuning.block_k)
-        return _ring.Schedule.balanced(tiles, work, _ring.multiprocessors()), runtime
+        return _ring.Schedule.balanced(tiles, work, _ring.multiprocessors()), ()
     programs = min(_ring.multiprocessors(), math.prod(tiles))
-    order, ordered_bounds = _ring.tile_order(spec, bounds, tiles[2], rows, tuning.block_k)
-    return _ring.Schedule(tiles, programs, snake=True, ordered=True), (*runtime[:-1], ordered_bounds, order)
+    order = _ring.tile_order(spec, bounds, tiles[2], rows, tuning.block_k)
+    return _ring.Schedule(tiles, programs, snake=True, ordered=True), (order,)
 
 
 def forward_pass(inputs: Inputs, config: Config):
@@ -415,7 +410,7 @@ def forward_pass(inputs: Inputs, config: Config):
     dims_p = dataclasses.replace(dims, q_len=q_len, kv_len=kv_len, head_dim=head_dim, head_dim_v=head_dim_v)
     tiles = (dims.num_heads, q_len // rows, dims.batch)
     runtime = _ring.runtime_operands(inputs, config.mask, q_len, kv_len, rows, tuning.block_k)
-    schedule, runtime = _schedule(config.mask, tuning, tiles, rows, runtime)
+    schedule, order = _schedule(config.mask, tuning, tiles, rows, _ring.runtime_refs(config.mask, runtime).bounds)
     kernel = functools.partial(
         _kernel, spec=config.mask, logits=config.logits, dims=dims_p, tuning=tuning, schedule=schedule
     )
@@ -426,7 +421,7 @@ def forward_pass(inputs: Inputs, config: Config):
     ring += _ring.segment_tiles(config.mask, stages, bk) + _ring.dense_tiles(config.mask, stages, rows, bk)
     out, lse = _ring.launch(
         kernel,
-        (q, k, v, *runtime),
+        (q, k, v, *runtime, *order),
         (
             jax.ShapeDtypeStruct((dims.batch, q_len, dims.num_heads, head_dim_v), dtype),
             jax.ShapeDtypeStruct((dims.batch, dims.num_heads, q_len), jnp.float32),
