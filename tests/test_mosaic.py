@@ -44,7 +44,9 @@ CALLS = {
 def _call(q_shape, kv_len, kv_heads, head_dim_v, causal, window, soft_cap, dtype, runtime="", **config):
     """Abstract inputs and the config of a call; ``runtime`` names the runtime parts of
     its mask: ``"segments"`` (ids of the queries and the keys), ``"lengths"``, ``"dense"``
-    (a mask per head, ``"dense1"`` one broadcast over batch and heads) or several."""
+    (a mask per head, ``"dense1"`` one broadcast over batch and heads) or several; and
+    ``"bias"`` a bf16 bias per head (``"bias32"`` a float32 one broadcast over batch,
+    heads and queries)."""
     batch, q_len, heads, head_dim = q_shape
     q = jax.ShapeDtypeStruct(q_shape, dtype)
     k = jax.ShapeDtypeStruct((batch, kv_len, kv_heads, head_dim), dtype)
@@ -54,11 +56,17 @@ def _call(q_shape, kv_len, kv_heads, head_dim_v, causal, window, soft_cap, dtype
     lengths_array = jax.ShapeDtypeStruct((batch, 2), jnp.int32) if lengths else None
     mask_shape = (1, 1, q_len, kv_len) if "dense1" in runtime else (batch, heads, q_len, kv_len)
     mask = jax.ShapeDtypeStruct(mask_shape, jnp.bool_) if dense else None
+    bias = None
+    if "bias" in runtime:
+        wide = "bias32" in runtime
+        bias = jax.ShapeDtypeStruct(
+            (1, 1, 1, kv_len) if wide else (1, heads, q_len, kv_len), jnp.float32 if wide else dtype
+        )
     spec = MaskSpec.create(
         q_len, kv_len, causal=causal, window=window, has_segments=segments, has_lengths=lengths, has_dense_mask=dense
     )
-    config = Config(spec, Logits(head_dim**-0.5, soft_cap), platform="gpu", **config)
-    return Inputs(q, k, v, *ids, mask=mask, lengths=lengths_array), config
+    config = Config(spec, Logits(head_dim**-0.5, soft_cap, bias=bias is not None), platform="gpu", **config)
+    return Inputs(q, k, v, *ids, mask=mask, lengths=lengths_array, bias=bias), config
 
 
 @pytest.mark.parametrize("persistent", [False, True])
@@ -90,12 +98,13 @@ RUNTIME = ["segments", "lengths", "segments+lengths"]
 
 
 @pytest.mark.parametrize("persistent", [False, True])
-@pytest.mark.parametrize("runtime", [*RUNTIME, "dense", "dense1+lengths", "dense+segments"])
+@pytest.mark.parametrize("runtime", [*RUNTIME, "dense", "dense1+lengths", "dense+segments", "bias", "bias32+dense"])
 @pytest.mark.parametrize("name", ["causal", "window_gqa_ragged_d80_v48", "two_sided_window_soft_cap"])
 def test_the_forward_kernel_lowers_with_runtime_masks(name, runtime, persistent):
     """With segment ids, lengths or a dense mask the kernel also reads the tile bounds
     they give (`MaskSpec.tile_bounds`), and the rows' ids and a ring of the keys' ids, the
-    lengths, or a ring of the dense mask's tiles (in 64-key tiles too: the d80 call's)."""
+    lengths, or a ring of the dense mask's tiles (in 64-key tiles too: the d80 call's);
+    with a bias, a ring of its tiles (bf16, or float32 beside a dense mask's)."""
     inputs, config = _call(*CALLS[name], runtime=runtime, tuning=v3.Tuning(persistent=persistent))
 
     def forward(inputs):
@@ -336,14 +345,45 @@ def test_tiles_are_multiples_of_wgmma_s_rows():
     assert v3.Tuning(64, 64, 2, persistent=True).fit(256, 256, 2) == v3.Tuning(64, 64, 2)
     # A dense mask's ring of int8 tiles, 128 rows by the key tile, takes its room too.
     dense_ring = 2 * 128 * 128
-    assert v3.Tuning().shared_memory(128, 128, 2, dense=True) == v3.Tuning().shared_memory(128, 128, 2) + dense_ring
+    assert v3.Tuning().shared_memory(128, 128, 2, 1) == v3.Tuning().shared_memory(128, 128, 2) + dense_ring
     assert v3.Tuning(64, 256, 3).fit(64, 64, 2) == v3.Tuning(64, 256, 3)
-    assert v3.Tuning(64, 256, 3).fit(64, 64, 2, dense=True) == v3.Tuning(64, 256, 2)
+    assert v3.Tuning(64, 256, 3).fit(64, 64, 2, 1) == v3.Tuning(64, 256, 2)
     for head_dim in (64, 128, 256):
         dense = MaskSpec.create(4096, 4096, has_dense_mask=True)
         tuning = v3._tuning(None, None, None, head_dim, head_dim, 2, dense)
-        assert tuning.shared_memory(head_dim, head_dim, 2, dense=True) <= _ring.SHARED_MEMORY
+        assert tuning.shared_memory(head_dim, head_dim, 2, 1) <= _ring.SHARED_MEMORY
         assert tuning.block_k == (64 if head_dim == 256 else 128)  # 256-key tiles spill their mask
+    # A bias's ring, in the bias's dtype (beside a dense mask's): key tiles of at most 128,
+    # and as many as fit.
+    assert v3._score_bytes(dense, 4) == 5 and v3._score_bytes(None, 2) == 2
+    for head_dim, spec, bias_itemsize, block_k in ((64, None, 2, 128), (128, None, 2, 64), (128, dense, 4, 64)):
+        tuning = v3._tuning(None, None, None, head_dim, head_dim, 2, spec, bias_itemsize)
+        assert tuning.block_k == block_k
+        assert tuning.shared_memory(head_dim, head_dim, 2, v3._score_bytes(spec, bias_itemsize)) <= _ring.SHARED_MEMORY
+
+
+def test_a_bias_runs_on_the_triton_kernels_where_its_ring_does_not_fit(monkeypatch):
+    """The forward takes a bias where its ring fits beside the smallest tiles (not at head
+    dim 256), and the backward never (the Triton dQ kernel writes the bias's gradient);
+    both hand the call to the Triton family with this family's tuning dropped."""
+    calls = []
+    monkeypatch.setattr(v3, "forward_pass", lambda *args: calls.append("mosaic") or (None, None))
+    monkeypatch.setattr(v3, "backward_pass", lambda *args: calls.append("mosaic backward") or (None,) * 3)
+    triton = types.SimpleNamespace(
+        forward=lambda inputs, config: calls.append(("triton", config.tuning)) or (None,) * 3,
+        backward=lambda *args: calls.append(("triton backward", args[-1].tuning)) or (None,) * 4,
+    )
+    monkeypatch.setattr(v3, "triton_v2", types.SimpleNamespace(IMPLEMENTATION=triton))
+    for name, runtime in (("causal", "bias"), ("d256_causal", "bias"), ("causal", "bias32+dense"), ("causal", "")):
+        inputs, config = _call(*CALLS[name], runtime=runtime, tuning=v3.Tuning())
+        v3._forward(inputs, config)
+        v3._backward(inputs, None, None, None, None, config)
+    assert calls == [
+        *("mosaic", ("triton backward", None)),
+        *(("triton", None), ("triton backward", None)),
+        *("mosaic", ("triton backward", None)),
+        *("mosaic", "mosaic backward"),
+    ]
 
 
 def test_segment_ids_take_key_tiles_of_at_most_128(monkeypatch):
@@ -689,4 +729,45 @@ def test_dense_masks_are_exact_on_the_gpu(case, persistent):
     """The forward and the backward kernels reading dense masks tile by tile
     (`_ring.dense_stream`), with one program per query tile and persistent programs,
     against the float64 reference: outputs and the three gradients."""
+    _assert_exact(case, v3.Tuning(persistent=persistent))
+
+
+# A bias beside every mask the forward's ring carries: GQA, a window and ragged lengths at
+# head dim 80; one shared by every head with segment ids in float16; with a soft cap and
+# rows that see no key.
+BIAS_CASES = [
+    Case(
+        "bias_gqa_window_lengths_d80",
+        batch=(2,),
+        q_len=300,
+        kv_len=700,
+        num_heads=8,
+        num_kv_heads=2,
+        head_dim=80,
+        dtype="bfloat16",
+        causal=True,
+        window=(250, 0),
+        lengths="ragged",
+        bias="full",
+    ),
+    Case("bias_shared_segments_fp16", q_len=520, head_dim=128, dtype="float16", segments=3, bias="shared"),
+    Case(
+        "bias_soft_cap_empty_rows_d64",
+        q_len=1100,
+        head_dim=64,
+        dtype="bfloat16",
+        logits_soft_cap=20.0,
+        mask="empty_rows",
+        bias="full",
+    ),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("case", BIAS_CASES, ids=lambda case: case.name)
+def test_a_bias_is_exact_on_the_gpu(case, persistent):
+    """The forward reading the bias tile by tile (`_ring.bias_stream`), with one program
+    per query tile and persistent programs, and the Triton backward from its lse, against
+    the float64 reference: outputs and the four gradients."""
     _assert_exact(case, v3.Tuning(persistent=persistent))

@@ -412,19 +412,28 @@ def dense_tiles(spec: MaskSpec, num_stages: int, rows: int, block_k: int):
     return (smem(jnp.int8, num_stages, rows, block_k),) if spec.has_dense_mask else ()
 
 
-def dense_stream(ref, ring, spans, *, b, rows, cols: int, step: Callable) -> tuple[Stream, ...]:
-    """The stream of the dense mask's tiles (from `runtime_operands`' ``ref``, transposed
-    or not) in batch element ``b``: ``rows`` (a `pl.ds`) by ``cols`` columns, step ``s``
-    taking ``step(s) = (head, tile)``, the tile of the loop along the columns. A tile is
-    copied on the steps of ``spans`` that are masked only (interior tiles are whole, and
-    never read). ``(stream,)``, or () where the call has no dense mask (``ring`` None)."""
-    if ring is None:
-        return ()
+def _scores_source(ref, *, b, rows, cols: int, step: Callable) -> Callable:
+    """`Stream.source` of an operand laid out as the scores, ``[1|batch, 1|heads, rows,
+    cols]`` (a dense mask, transposed or not, or the bias): in batch element ``b``,
+    ``rows`` (a `pl.ds`) by ``cols`` columns, step ``s`` taking ``step(s) = (head,
+    tile)``, the tile of the loop along the columns."""
     b = b if ref.shape[0] > 1 else 0
 
     def source(s):
         h, j = step(s)
         return ref.at[b, h if ref.shape[1] > 1 else 0, rows, pl.ds(j * cols, cols)]
+
+    return source
+
+
+def dense_stream(ref, ring, spans, **where) -> tuple[Stream, ...]:
+    """The stream of the dense mask's tiles (from `runtime_operands`' ``ref``, where
+    `_scores_source` says). A tile is copied on the steps of ``spans`` that are masked
+    only (interior tiles are whole, and never read). ``(stream,)``, or () where the call
+    has no dense mask (``ring`` None)."""
+    if ring is None:
+        return ()
+    step = where["step"]
 
     def copies(s):
         _, j = step(s)
@@ -432,7 +441,35 @@ def dense_stream(ref, ring, spans, *, b, rows, cols: int, step: Callable) -> tup
             jnp.logical_or, [(span.start <= j) & (j < span.stop) for span in spans if span.masked], jnp.bool_(False)
         )
 
-    return (Stream(source, *ring, copies),)
+    return (Stream(_scores_source(ref, **where), *ring, copies),)
+
+
+def bias_operand(bias, spec: MaskSpec, q_len: int, kv_len: int):
+    """The bias ``[1|batch, 1|heads, 1|q_len, 1|kv_len]`` (`jaxtile._core.Inputs`) over
+    every position of ``spec``'s call, zero-padded to ``q_len`` and ``kv_len``, as the
+    dense mask is (TMA copies whole tiles)."""
+    bias = jnp.broadcast_to(bias, (*bias.shape[:2], spec.q_len, spec.kv_len))
+    return pad_to(pad_to(bias, 2, q_len), 3, kv_len)
+
+
+def bias_tiles(bias, num_stages: int, rows: int, block_k: int):
+    """A ring of ``[num_stages, rows, block_k]`` tiles of the bias, in its dtype, where
+    the call has one (``bias``, or None): ``(tiles,)`` or ()."""
+    return () if bias is None else (smem(bias.dtype, num_stages, rows, block_k),)
+
+
+def bias_stream(ref, ring, **where) -> tuple[Stream, ...]:
+    """The stream of the bias's tiles (`bias_operand`, where `_scores_source` says),
+    copied on every step; ``(stream,)``, or () where the call has none (``ring`` None)."""
+    return () if ring is None else (Stream(_scores_source(ref, **where), *ring),)
+
+
+def step_bias(ring, slot, row0, rows: int):
+    """Rows ``row0`` to ``row0 + rows - 1`` of this step's tile of the bias from its
+    ``ring`` (`step_tile`), a float32 ``wgmma`` tile; None where the call has no bias."""
+    if ring is None:
+        return None
+    return step_tile(ring, slot, lambda tile: _load(tile.at[pl.ds(row0, rows)], plgpu.Layout.WGMMA).astype(jnp.float32))
 
 
 def step_dense(ring, slot, masked: bool, row0, rows: int):

@@ -19,13 +19,14 @@ tiles that `kv_spans` marks masked pay for the element-wise mask (`MaskSpec.visi
 With segment ids (packed documents), lengths or a dense mask the spans come from the
 tile bounds they give (`MaskSpec.tile_bounds`); the rows' ids are loaded once and the
 keys' ride the ring, the lengths are read once, and the dense mask's tiles (int8) ride
-the ring on the masked steps alone. A dense mask that reads as causal (Flax's) runs as
-``causal=True`` (`registry.Implementation.recognises_masks`).
-Rows that see no key give an output of 0 and an lse of ``-inf``.
+the ring on the masked steps alone; a bias's tiles ride it on every step. A dense mask
+that reads as causal (Flax's) runs as ``causal=True``
+(`registry.Implementation.recognises_masks`). Rows that see no key give an output of 0
+and an lse of ``-inf``.
 
 The backward pass recomputes attention from the lse this forward saves, in the two
 kernels of `jaxtile.mosaic.backward` where their tiles fit (every head dim up to 256 at
-the default tiles), else in the Triton family's (`jaxtile.triton.v2`).
+the default tiles), else, and with a bias, in the Triton family's (`jaxtile.triton.v2`).
 """
 
 from __future__ import annotations
@@ -86,24 +87,24 @@ class Tuning:
         (`MaskSpec.masks_elements`)."""
         return self.backward or default_backward_tuning(head_dim, head_dim_v, masks_elements)
 
-    def shared_memory(self, head_dim: int, head_dim_v: int, itemsize: int, dense: bool = False) -> int:
-        """Bytes of the query/output tiles, the ring (with a ``dense`` mask, its int8 tiles
-        too) and the lse rows."""
+    def shared_memory(self, head_dim: int, head_dim_v: int, itemsize: int, score_bytes: int = 0) -> int:
+        """Bytes of the query/output tiles, the ring (with ``score_bytes`` per score of
+        the tiles that ride it beside K and V, `_score_bytes`) and the lse rows."""
         rows = CONSUMERS * self.block_q
         q_o = rows * (head_dim + (head_dim_v if self.own_output(head_dim, head_dim_v) else 0)) * itemsize
-        ring = self.num_stages * self.block_k * ((head_dim + head_dim_v) * itemsize + (rows if dense else 0))
+        ring = self.num_stages * self.block_k * ((head_dim + head_dim_v) * itemsize + rows * score_bytes)
         return q_o + ring + rows * 4
 
     def own_output(self, head_dim: int, head_dim_v: int) -> bool:
         """Whether the output has a tile of its own rather than the queries'."""
         return self.persistent or head_dim_v != head_dim
 
-    def fit(self, head_dim: int, head_dim_v: int, itemsize: int, dense: bool = False) -> Tuning:
+    def fit(self, head_dim: int, head_dim_v: int, itemsize: int, score_bytes: int = 0) -> Tuning:
         """This tuning, or, where it does not fit in shared memory (`shared_memory`), the
         nearest that does: fewer stages first (down to 2), then not persistent, then
         halved key tiles, then query tiles (down to 64)."""
         tuning = self
-        while tuning.shared_memory(head_dim, head_dim_v, itemsize, dense) > SHARED_MEMORY:
+        while tuning.shared_memory(head_dim, head_dim_v, itemsize, score_bytes) > SHARED_MEMORY:
             if tuning.num_stages > 2:
                 tuning = dataclasses.replace(tuning, num_stages=tuning.num_stages - 1)
             elif tuning.persistent:
@@ -146,11 +147,20 @@ def _persistent(spec: MaskSpec | None, rows: int) -> bool:
     return keys <= _PERSISTENT_KEYS
 
 
-def default_tuning(head_dim: int, head_dim_v: int, itemsize: int, spec: MaskSpec | None = None) -> Tuning:
+def _score_bytes(spec: MaskSpec | None, bias_itemsize: int) -> int:
+    """Bytes per score of the tiles that ride the forward's ring beside K and V: the
+    dense mask's int8 and the bias's (``bias_itemsize``, 0 without one)."""
+    return int(spec is not None and spec.has_dense_mask) + bias_itemsize
+
+
+def default_tuning(
+    head_dim: int, head_dim_v: int, itemsize: int, spec: MaskSpec | None = None, bias_itemsize: int = 0
+) -> Tuning:
     """The largest key tile (256, 128 or 64; at most 128 for causal masks over at most
-    `_SHORT_CAUSAL` keys and where `MaskSpec.masks_elements`) whose two-stage ring fits beside the queries
-    (and the backward's default, `Tuning.backward_for`); persistent programs where
-    `_persistent` says and they fit."""
+    `_SHORT_CAUSAL` keys, where `MaskSpec.masks_elements` and with a bias of
+    ``bias_itemsize`` bytes) whose two-stage ring fits beside the queries (and the
+    backward's default, `Tuning.backward_for`); persistent programs where `_persistent`
+    says and they fit."""
     short_causal = spec is not None and spec.right == 0 and spec.kv_len <= _SHORT_CAUSAL
     # A consumer holds its part of a masked tile's mask beside its scores: with 256-key
     # tiles that spills (752 bytes at head dim 64, none at 128; H100, Flax's causal mask
@@ -159,18 +169,19 @@ def default_tuning(head_dim: int, head_dim_v: int, itemsize: int, spec: MaskSpec
     # tiles packed causal documents ran at 0.72-0.94x the same documents as separate
     # sequences against 0.28-0.89x in 256, uneven ones 1.06-2.8x as fast; only documents
     # on tile edges without a causal mask, which mask no tile, lost (0.93x against 1.02x).
-    dense = spec is not None and spec.has_dense_mask
-    narrow = short_causal or (spec is not None and spec.masks_elements)
+    # A bias tile is held beside the scores as the mask is.
+    score_bytes = _score_bytes(spec, bias_itemsize)
+    narrow = short_causal or (spec is not None and spec.masks_elements) or bias_itemsize > 0
     tuning = Tuning(block_k=64)
     for block_k in (128, 64) if narrow else (256, 128, 64):
         tuning = Tuning(block_k=block_k)
         if (
             block_k * (head_dim + head_dim_v) <= 256 * 128
-            and tuning.shared_memory(head_dim, head_dim_v, itemsize, dense) <= SHARED_MEMORY
+            and tuning.shared_memory(head_dim, head_dim_v, itemsize, score_bytes) <= SHARED_MEMORY
         ):
             break
     persistent = _persistent(spec, CONSUMERS * tuning.block_q)
-    return dataclasses.replace(tuning, persistent=persistent).fit(head_dim, head_dim_v, itemsize, dense)
+    return dataclasses.replace(tuning, persistent=persistent).fit(head_dim, head_dim_v, itemsize, score_bytes)
 
 
 @functools.cache
@@ -184,14 +195,14 @@ def _hopper() -> bool:
     return all(getattr(d, "compute_capability", None) == "9.0" for d in devices)
 
 
-def _head_dims(head_dim: int, head_dim_v: int, itemsize: int, dense: bool = False) -> tuple[int, int]:
+def _head_dims(head_dim: int, head_dim_v: int, itemsize: int, score_bytes: int = 0) -> tuple[int, int]:
     """The forward's head dims: padded to multiples of 64, and both to the larger where
     the output's tile of its own (`Tuning.own_output`) leaves no room for the smallest
     ring (256 and 192, either way round), so that the output goes through the queries'
     tile; the padded columns are zeros, which add nothing to the scores and are dropped
     from the output."""
     head_dim, head_dim_v = padded(head_dim, WGMMA_ROWS), padded(head_dim_v, WGMMA_ROWS)
-    if Tuning(block_k=WGMMA_ROWS).shared_memory(head_dim, head_dim_v, itemsize, dense) > SHARED_MEMORY:
+    if Tuning(block_k=WGMMA_ROWS).shared_memory(head_dim, head_dim_v, itemsize, score_bytes) > SHARED_MEMORY:
         head_dim = head_dim_v = max(head_dim, head_dim_v)
     return head_dim, head_dim_v
 
@@ -203,12 +214,14 @@ def _requires(platform: str) -> str | None:
 def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tuning, schedule: _ring.Schedule):
     """Algorithm 1 for the (query tile, batch, head) tiles of this program (`Schedule`):
     the producer's and both consumers' parts, chosen by the warpgroup index. ``refs``: q,
-    k, v, the runtime parts of the mask the call has (`_ring.runtime_operands`), out, lse
-    and the shared memory."""
+    k, v, the bias (`_ring.bias_operand`) and the runtime parts of the mask the call has
+    (`_ring.runtime_operands`), out, lse and the shared memory."""
     q_ref, k_ref, v_ref, *runtime, o_ref, lse_ref, scoped = refs
+    bias_ref = runtime.pop(0) if logits.bias else None
     order_ref = runtime.pop() if schedule.ordered else None
     ids, lengths_ref, dense_ref, bounds_ref = _ring.runtime_refs(spec, runtime)
     (own, ring, o_smem, lse_smem), (own_ready, ready, free), turn = scoped
+    bias_ring = (ring[-1], ready[-1], free[-1]) if logits.bias else None
     (k_smem, v_smem, *_), (k_ready, v_ready, *_), (k_free, v_free, *_) = ring, ready, free
     keys, dense_ring = _ring.split_ring(_ring.KeyRing, (k_ref, v_ref, *ids[1:]), ring, ready, free, spec)
     bq, bk, stages = tuning.block_q, tuning.block_k, tuning.num_stages
@@ -274,17 +287,19 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
                     take_turn()
                     return acc_ref[...]
 
-                pre = logits.pre(pl.run_scoped(qk, plgpu.ACC((bq, bk), jnp.float32)))
+                scores = pl.run_scoped(qk, plgpu.ACC((bq, bk), jnp.float32))
+                pre = logits.pre(scores, _ring.step_bias(bias_ring, slot, wg * bq, bq))  # the bias rides the ring
                 plgpu.barrier_arrive(k_free.at[slot])
                 kv_segment = keys.step_ids(slot, masked)  # the keys' ids ride the ring, as the dense mask
                 dense = _ring.step_dense(dense_ring, slot, masked, wg * bq, bq)
                 if masked:
                     runtime = dict(lengths=lengths, own_ids=q_segment, step_ids=kv_segment, dense=dense)
                     pre = jnp.where(_ring.visible(spec, (row0, j * bk), pre.shape, 0, **runtime), pre, -jnp.inf)
-                # Lines 9-10: online softmax in base 2 (a row that has seen nothing keeps
-                # m_i = -inf; its base is 0 so that no -inf - -inf is formed).
+                # Lines 9-10: online softmax in base 2 (a row that has seen nothing, masked
+                # or by a bias of -inf, keeps m_i = -inf; its base is 0 so that no -inf -
+                # -inf is formed).
                 m_new = jnp.maximum(m_i, pre.max(axis=1) * logits.factor)
-                m_base = jnp.where(m_new == -jnp.inf, 0.0, m_new) if masked else m_new
+                m_base = jnp.where(m_new == -jnp.inf, 0.0, m_new) if masked or logits.bias else m_new
                 p = jnp.exp2(pre * logits.factor - along(m_base, pre.shape, 0))
                 alpha = jnp.exp2(m_i - m_base)
                 acc = acc * along(alpha, acc.shape, 0)
@@ -341,6 +356,7 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
             h_kv = lax.div(h, jnp.int32(dims.group))
             where = dict(b=b, rows=pl.ds(t * rows, rows), cols=bk, step=lambda s: (h, first + s))
             extra = _ring.dense_stream(dense_ref, dense_ring, spans, **where)
+            extra += _ring.bias_stream(bias_ref, bias_ring, **where)
             keys.produce(
                 b=b, h_kv=h_kv, first=first, steps=steps, block_k=bk, num_stages=stages, done=done, extra=extra
             )
@@ -357,16 +373,16 @@ def _tuning(
     head_dim_v: int,
     itemsize: int,
     spec: MaskSpec | None = None,
+    bias_itemsize: int = 0,
 ) -> Tuning:
-    """``tuning`` (the user's, if it is a `Tuning`) or the default (of ``spec``'s mask,
-    where given), with the call's ``block_q``/``block_k`` rounded up to multiples of 64
-    (``block_q`` counts the rows of one consumer), made to fit in shared memory
-    (`Tuning.fit`)."""
+    """``tuning`` (the user's, if it is a `Tuning`) or the default (of ``spec``'s mask and
+    the bias, where given), with the call's ``block_q``/``block_k`` rounded up to
+    multiples of 64 (``block_q`` counts the rows of one consumer), made to fit in shared
+    memory (`Tuning.fit`)."""
     if not isinstance(tuning, Tuning):
-        tuning = default_tuning(head_dim, head_dim_v, itemsize, spec)
+        tuning = default_tuning(head_dim, head_dim_v, itemsize, spec, bias_itemsize)
     blocks = {name: padded(b, WGMMA_ROWS) for name, b in (("block_q", block_q), ("block_k", block_k)) if b is not None}
-    dense = spec is not None and spec.has_dense_mask
-    return dataclasses.replace(tuning, **blocks).fit(head_dim, head_dim_v, itemsize, dense)
+    return dataclasses.replace(tuning, **blocks).fit(head_dim, head_dim_v, itemsize, _score_bytes(spec, bias_itemsize))
 
 
 def _key_tiles(spec: MaskSpec, q_tiles: int, rows: int, block_k: int) -> np.ndarray:
@@ -394,14 +410,26 @@ def _schedule(spec: MaskSpec, tuning: Tuning, tiles: tuple[int, int, int], rows:
     return _ring.Schedule(tiles, programs, snake=True, ordered=True), (order,)
 
 
+def _plan(inputs: Inputs, config: Config) -> tuple[int, int, Tuning, int]:
+    """The forward's padded head dims (`_head_dims`), its `Tuning` and the bytes per
+    score of the tiles beside K and V in its ring (`_score_bytes`)."""
+    dims = Shape.of(inputs.q, inputs.k, inputs.v)
+    bias_itemsize = 0 if inputs.bias is None else jnp.dtype(inputs.bias.dtype).itemsize
+    score_bytes = _score_bytes(config.mask, bias_itemsize)
+    head_dim, head_dim_v = _head_dims(dims.head_dim, dims.head_dim_v, dims.itemsize, score_bytes)
+    tuning = _tuning(
+        config.tuning, config.block_q, config.block_k, head_dim, head_dim_v, dims.itemsize, config.mask, bias_itemsize
+    )
+    return head_dim, head_dim_v, tuning, score_bytes
+
+
 def forward_pass(inputs: Inputs, config: Config):
     """The forward kernel: ``out [batch, q_len, heads, head_dim_v]`` in the query's dtype
     and the natural-log ``lse [batch, heads, q_len]``. Head dims are zero-padded to
     multiples of 64 and sequences to multiples of the tiles (the padded keys are
     masked; the padded rows are dropped), so any structured call runs."""
     dims = Shape.of(inputs.q, inputs.k, inputs.v)
-    head_dim, head_dim_v = _head_dims(dims.head_dim, dims.head_dim_v, dims.itemsize, config.mask.has_dense_mask)
-    tuning = _tuning(config.tuning, config.block_q, config.block_k, head_dim, head_dim_v, dims.itemsize, config.mask)
+    head_dim, head_dim_v, tuning, _ = _plan(inputs, config)
     rows = CONSUMERS * tuning.block_q
     q_len, kv_len = padded(dims.q_len, rows), padded(dims.kv_len, tuning.block_k)
     q = pad_to(pad_to(inputs.q, 3, head_dim), 1, q_len)
@@ -411,6 +439,7 @@ def forward_pass(inputs: Inputs, config: Config):
     tiles = (dims.num_heads, q_len // rows, dims.batch)
     runtime = _ring.runtime_operands(inputs, config.mask, q_len, kv_len, rows, tuning.block_k)
     schedule, order = _schedule(config.mask, tuning, tiles, rows, _ring.runtime_refs(config.mask, runtime).bounds)
+    bias = () if inputs.bias is None else (_ring.bias_operand(inputs.bias, config.mask, q_len, kv_len),)
     kernel = functools.partial(
         _kernel, spec=config.mask, logits=config.logits, dims=dims_p, tuning=tuning, schedule=schedule
     )
@@ -419,9 +448,10 @@ def forward_pass(inputs: Inputs, config: Config):
     own = (smem(dtype, CONSUMERS, bq, head_dim), *_ring.segment_tiles(config.mask, CONSUMERS, bq))
     ring = (smem(dtype, stages, bk, head_dim), smem(dtype, stages, bk, head_dim_v))
     ring += _ring.segment_tiles(config.mask, stages, bk) + _ring.dense_tiles(config.mask, stages, rows, bk)
+    ring += _ring.bias_tiles(inputs.bias, stages, rows, bk)
     out, lse = _ring.launch(
         kernel,
-        (q, k, v, *runtime, *order),
+        (q, k, v, *bias, *runtime, *order),
         (
             jax.ShapeDtypeStruct((dims.batch, q_len, dims.num_heads, head_dim_v), dtype),
             jax.ShapeDtypeStruct((dims.batch, dims.num_heads, q_len), jnp.float32),
@@ -465,25 +495,34 @@ def _memory(shape: Shape, block_q: int | None, block_k: int | None, backward: bo
     return residuals, max(forward, backward_temporaries(shape, backward_tuning))
 
 
+def _triton(config: Config) -> Config:
+    """``config`` for the Triton family's kernels: a tuning of this family's dropped (they
+    take their table's), ``"autotune"`` kept."""
+    return dataclasses.replace(config, tuning=None) if isinstance(config.tuning, Tuning) else config
+
+
 def _forward(inputs: Inputs, config: Config):
+    """`forward_pass`, or the Triton family's forward where even the smallest tiles leave
+    no room for the bias's ring (a float32 bias at head dim 256)."""
+    head_dim, head_dim_v, tuning, score_bytes = _plan(inputs, config)
+    if tuning.shared_memory(head_dim, head_dim_v, jnp.dtype(inputs.q.dtype).itemsize, score_bytes) > SHARED_MEMORY:
+        return triton_v2.IMPLEMENTATION.forward(inputs, _triton(config))
     out, lse = forward_pass(inputs, config)
     return out, lse, lse
 
 
 def _backward(inputs: Inputs, out, lse, dout, dlse, config: Config):
     """The Mosaic backward kernels where their tiles fit (`BackwardTuning.fits`: at the
-    default tiles, every head dim up to 256), else the Triton family's (with its own tuning, or ``"autotune"``, when
-    the call names one); ``(dq, dk, dv, None)``."""
+    default tiles, every head dim up to 256), else, and with a bias (whose gradient the
+    Triton dQ kernel writes), the Triton family's (`_triton`); ``(dq, dk, dv, dbias)``."""
     dims = Shape.of(inputs.q, inputs.k, inputs.v)
     head_dim, head_dim_v = padded(dims.head_dim, WGMMA_ROWS), padded(dims.head_dim_v, WGMMA_ROWS)
     dense = config.mask.has_dense_mask
     tuning = (config.tuning if isinstance(config.tuning, Tuning) else Tuning()).backward_for(
         head_dim, head_dim_v, config.mask.masks_elements
     )
-    if not tuning.fits(head_dim, head_dim_v, dims.itemsize, dense):
-        if isinstance(config.tuning, Tuning):  # this family's: the Triton kernels take their table's
-            config = dataclasses.replace(config, tuning=None)
-        return triton_v2.IMPLEMENTATION.backward(inputs, out, lse, dout, dlse, config)
+    if inputs.bias is not None or not tuning.fits(head_dim, head_dim_v, dims.itemsize, dense):
+        return triton_v2.IMPLEMENTATION.backward(inputs, out, lse, dout, dlse, _triton(config))
     return (*backward_pass(inputs, out, lse, dout, dlse, config, tuning), None)
 
 
@@ -499,7 +538,7 @@ IMPLEMENTATION = registry.register(
         platforms=frozenset({"gpu"}),
         requires=_requires,
         dtypes=frozenset({"bfloat16", "float16"}),
-        features=frozenset({"causal", "window", "segments", "dense_mask", "lengths", "gqa", "soft_cap"}),
+        features=frozenset({"causal", "window", "segments", "dense_mask", "lengths", "gqa", "soft_cap", "bias"}),
         max_head_dim=256,
         power_of_two_blocks=True,
         # Flax's causal mask runs as causal=True, faster than read as a dense mask (H100,
