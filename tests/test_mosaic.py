@@ -45,8 +45,8 @@ def _call(q_shape, kv_len, kv_heads, head_dim_v, causal, window, soft_cap, dtype
     """Abstract inputs and the config of a call; ``runtime`` names the runtime parts of
     its mask: ``"segments"`` (ids of the queries and the keys), ``"lengths"``, ``"dense"``
     (a mask per head, ``"dense1"`` one broadcast over batch and heads) or several; and
-    ``"bias"`` a bf16 bias per head (``"bias32"`` a float32 one broadcast over batch,
-    heads and queries)."""
+    ``"bias"`` a bias per head in the call's dtype (``"bias32"`` a float32 one broadcast
+    over batch and heads, ``"bias_keys"`` one broadcast over the queries too)."""
     batch, q_len, heads, head_dim = q_shape
     q = jax.ShapeDtypeStruct(q_shape, dtype)
     k = jax.ShapeDtypeStruct((batch, kv_len, kv_heads, head_dim), dtype)
@@ -58,10 +58,9 @@ def _call(q_shape, kv_len, kv_heads, head_dim_v, causal, window, soft_cap, dtype
     mask = jax.ShapeDtypeStruct(mask_shape, jnp.bool_) if dense else None
     bias = None
     if "bias" in runtime:
-        wide = "bias32" in runtime
-        bias = jax.ShapeDtypeStruct(
-            (1, 1, 1, kv_len) if wide else (1, heads, q_len, kv_len), jnp.float32 if wide else dtype
-        )
+        rows = 1 if "bias_keys" in runtime else q_len
+        shape = (1, 1, rows, kv_len) if "bias32" in runtime or rows == 1 else (1, heads, q_len, kv_len)
+        bias = jax.ShapeDtypeStruct(shape, jnp.float32 if "bias32" in runtime else dtype)
     spec = MaskSpec.create(
         q_len, kv_len, causal=causal, window=window, has_segments=segments, has_lengths=lengths, has_dense_mask=dense
     )
@@ -363,9 +362,10 @@ def test_tiles_are_multiples_of_wgmma_s_rows():
 
 
 def test_a_bias_runs_on_the_triton_kernels_where_its_ring_does_not_fit(monkeypatch):
-    """The forward takes a bias where its ring fits beside the smallest tiles (not at head
-    dim 256), and the backward never (the Triton dQ kernel writes the bias's gradient);
-    both hand the call to the Triton family with this family's tuning dropped."""
+    """The forward takes a bias given at every query and key whose ring fits beside the
+    smallest tiles (not at head dim 256; not one broadcast over the queries, which it
+    would materialise), and the backward never (the Triton dQ kernel writes the bias's
+    gradient); both hand the call to the Triton family with this family's tuning dropped."""
     calls = []
     monkeypatch.setattr(v3, "forward_pass", lambda *args: calls.append("mosaic") or (None, None))
     monkeypatch.setattr(v3, "backward_pass", lambda *args: calls.append("mosaic backward") or (None,) * 3)
@@ -374,7 +374,8 @@ def test_a_bias_runs_on_the_triton_kernels_where_its_ring_does_not_fit(monkeypat
         backward=lambda *args: calls.append(("triton backward", args[-1].tuning)) or (None,) * 4,
     )
     monkeypatch.setattr(v3, "triton_v2", types.SimpleNamespace(IMPLEMENTATION=triton))
-    for name, runtime in (("causal", "bias"), ("d256_causal", "bias"), ("causal", "bias32+dense"), ("causal", "")):
+    biased = (("causal", "bias"), ("d256_causal", "bias"), ("causal", "bias32+dense"), ("causal", "bias_keys"))
+    for name, runtime in (*biased, ("causal", "")):
         inputs, config = _call(*CALLS[name], runtime=runtime, tuning=v3.Tuning())
         v3._forward(inputs, config)
         v3._backward(inputs, None, None, None, None, config)
@@ -382,6 +383,7 @@ def test_a_bias_runs_on_the_triton_kernels_where_its_ring_does_not_fit(monkeypat
         *("mosaic", ("triton backward", None)),
         *(("triton", None), ("triton backward", None)),
         *("mosaic", ("triton backward", None)),
+        *(("triton", None), ("triton backward", None)),
         *("mosaic", "mosaic backward"),
     ]
 

@@ -501,11 +501,22 @@ def _triton(config: Config) -> Config:
     return dataclasses.replace(config, tuning=None) if isinstance(config.tuning, Tuning) else config
 
 
-def _forward(inputs: Inputs, config: Config):
-    """`forward_pass`, or the Triton family's forward where even the smallest tiles leave
-    no room for the bias's ring (a float32 bias at head dim 256)."""
+def _takes_bias(inputs: Inputs, config: Config) -> bool:
+    """Whether the forward's ring takes the call's bias: one given at every query and key
+    (`_ring.bias_operand` would materialise a bias broadcast over either, which the
+    Triton kernels read in place), whose ring fits beside the smallest tiles (not at
+    head dim 256)."""
+    dims = Shape.of(inputs.q, inputs.k, inputs.v)
+    if inputs.bias.shape[2:] != (dims.q_len, dims.kv_len):
+        return False
     head_dim, head_dim_v, tuning, score_bytes = _plan(inputs, config)
-    if tuning.shared_memory(head_dim, head_dim_v, jnp.dtype(inputs.q.dtype).itemsize, score_bytes) > SHARED_MEMORY:
+    return tuning.shared_memory(head_dim, head_dim_v, dims.itemsize, score_bytes) <= SHARED_MEMORY
+
+
+def _forward(inputs: Inputs, config: Config):
+    """`forward_pass`, or the Triton family's forward for a bias it does not take
+    (`_takes_bias`)."""
+    if inputs.bias is not None and not _takes_bias(inputs, config):
         return triton_v2.IMPLEMENTATION.forward(inputs, _triton(config))
     out, lse = forward_pass(inputs, config)
     return out, lse, lse
