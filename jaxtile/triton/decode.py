@@ -7,8 +7,9 @@ tiles of each program are cut into equal shares, one program per share (Dao et a
 "Flash-Decoding for long-context inference", 2023): each computes a partial output and
 lse over its share, with the query heads of a GQA group packed into its rows so that
 every K/V tile is read once per group, and XLA merges the shares by their lse
-(`jaxtile._softmax.merge`, as ring attention does). Shares past a sequence's length
-(`MaskSpec` lengths and masks) visit no tile and merge as empty.
+(`jaxtile._softmax.merge`, as ring attention does). The shares cut the key tiles each
+query tile sees at run time (`MaskSpec` lengths and masks), so a cache filled short
+leaves no program idle; a share with nothing to see merges as empty.
 
 The backward pass is pallas_v2's, from the merged output and lse, so decode-time calls
 stay differentiable.
