@@ -15,7 +15,6 @@ import pytest
 from jax_settings import jax_test_config
 
 import jaxtile
-from jaxtile._core import Inputs
 from jaxtile.triton import decode
 from jaxtile.triton.tuning import KernelTuning
 from parity.compare import compare, tolerance
@@ -288,19 +287,6 @@ def test_decode_in_any_number_of_shares(num_splits):
         return_lse=True,
     )
     _check(case, arrays, out, lse)
-
-
-def test_decode_programs_take_the_longest_caches_first():
-    """The split-KV forward's batch order (`v2._longest_first`): the sequences by key
-    length, longest first, ties in batch order; none for one sequence or without lengths
-    (the shares tests above run it on uneven fills)."""
-    q = k = v = jnp.zeros((5, 1, 2, 8))
-    lengths = jnp.asarray([[1, 48], [1, 5], [1, 0], [1, 29], [1, 48]], jnp.int32)
-    (order,) = decode.v2._longest_first(Inputs(q, k, v, lengths=lengths))
-    assert order.dtype == jnp.int32
-    np.testing.assert_array_equal(order, [0, 4, 3, 1, 2])
-    assert decode.v2._longest_first(Inputs(q[:1], k[:1], v[:1], lengths=lengths[:1])) == []
-    assert decode.v2._longest_first(Inputs(q, k, v)) == []
 
 
 @pytest.mark.parametrize("q_len", [1, 3])

@@ -101,19 +101,15 @@ def _forward_kernel(*refs, kernel: pk.Kernel, splits: int, pages: pk.Pages | Non
     """Algorithm 1 for one (query tile, batch, packed heads) — and, with ``splits`` > 1,
     one of ``splits`` equal shares of its key tiles (split-KV decoding: the partial
     results of the shares merge by their lse, `jaxtile._softmax.merge`). With ``pages``,
-    K and V are page pools read through a page table (the ref after them). With an
-    ``order`` of the batch (`_longest_first`), programs take the sequences in it."""
-    (q_ref, k_ref, v_ref, *table), runtime, (*order, o_ref, lse_ref) = pk.split_refs(
+    K and V are page pools read through a page table (the ref after them)."""
+    (q_ref, k_ref, v_ref, *table), runtime, (o_ref, lse_ref) = pk.split_refs(
         refs, 3 + (pages is not None), kernel.config
     )
     spec, logits, dims, tiles = kernel.config.mask, kernel.config.logits, kernel.dims, kernel.tiles
     n, bk = tiles.positions, tiles.block_k
     t, part, hb = pk.program_ids(tiles.num_q_tiles(dims), dims.num_heads // tiles.pack, spec.right is not None)
-    b, share = (lax.rem(part, np.int32(dims.batch)), lax.div(part, np.int32(dims.batch))) if splits > 1 else (part, 0)
-    if order:
-        b = order[0][b]
     # Outputs are [splits * batch, ...]: this program writes row `part` of its share.
-    part = share * np.int32(dims.batch) + b
+    b, share = (lax.rem(part, np.int32(dims.batch)), lax.div(part, np.int32(dims.batch))) if splits > 1 else (part, 0)
     h0 = hb * tiles.pack
     h_kv = lax.div(h0, np.int32(dims.group))
     q_start = t * n
@@ -178,17 +174,6 @@ def _forward_kernel(*refs, kernel: pk.Kernel, splits: int, pages: pk.Pages | Non
     pk.store_rows_stat(lse_ref, part, h0, q_start, lse, tiles, dims.q_len)
 
 
-def _longest_first(inputs: Inputs) -> list[jax.Array]:
-    """``[order]``: the batch's sequences by their key lengths, longest first (int32
-    ``[batch]``) where the call has lengths and more than one sequence; else ``[]``.
-    Split-KV programs take the sequences in this order, so that the longest start first
-    and the shortest fill the last wave (a decode program's time is its share of its
-    cache)."""
-    if inputs.lengths is None or inputs.lengths.shape[0] == 1:
-        return []
-    return [jnp.argsort(-inputs.lengths[:, 1], stable=True).astype(jnp.int32)]
-
-
 def forward_pass(
     inputs: Inputs,
     config: Config,
@@ -210,13 +195,12 @@ def forward_pass(
     dims, tiles = kernel.dims, kernel.tiles
     shares = 1 if splits is None else splits(dims, tiles)
     bounds = pk.tile_bounds(inputs, config.mask, tiles.positions, tiles.block_k, transposed=False)
-    order = [] if splits is None else _longest_first(inputs)
     rows = shares * dims.batch
     out, lse = pk.launch(
         functools.partial(_forward_kernel, splits=shares, pages=pages),
         kernel,
         num_programs=tiles.num_q_tiles(dims) * rows * (dims.num_heads // tiles.pack),
-        inputs=[inputs.q, *(paged or (inputs.k, inputs.v)), *pk.runtime_inputs(inputs), *bounds, *order],
+        inputs=[inputs.q, *(paged or (inputs.k, inputs.v)), *pk.runtime_inputs(inputs), *bounds],
         outputs=[
             jax.ShapeDtypeStruct(
                 (rows, dims.q_len, dims.num_heads, dims.head_dim_v), inputs.q.dtype if shares == 1 else jnp.float32
