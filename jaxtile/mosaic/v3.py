@@ -40,10 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.mosaic.gpu import utils as mgpu_utils
 from jax.experimental.pallas import mosaic_gpu as plgpu  # the Pallas API of jax 0.10.2 to 0.12
-from jaxlib.mlir import ir
-from jaxlib.mlir.dialects import arith, llvm
 
 from jaxtile import _softmax as sm
 from jaxtile import registry
@@ -210,38 +207,6 @@ def _head_dims(head_dim: int, head_dim_v: int, itemsize: int, score_bytes: int =
     return head_dim, head_dim_v
 
 
-# The consumers' turns (Algorithm 1's ping-pong) on named hardware barriers, from this id:
-# Mosaic GPU takes 0 (the block) and 1-3 (one per warpgroup). ``_ISSUED + w``: consumer w
-# issued its ``Q Kᵀ``; ``_SOFTMAX_DONE + w``: its softmax is done.
-_ISSUED, _SOFTMAX_DONE = 8, 10
-
-
-def _named_barrier(instruction: str, base: int, *, other: bool) -> None:
-    """``bar.arrive`` or ``bar.sync`` (``instruction``) on the named barrier ``base + w``
-    of this consumer warpgroup ``w``, or with ``other`` of the other consumer's; the two
-    consumers' threads take part (one arrives, the other syncs)."""
-
-    @plgpu.inline_mgpu()
-    def emit(_):
-        i32 = ir.IntegerType.get_signless(32)
-        wg = mgpu_utils.warpgroup_idx(sync=True)
-        if other:
-            wg = arith.subi(mgpu_utils.c(CONSUMERS - 1, i32), wg)
-        barrier = arith.addi(mgpu_utils.c(base, i32), wg)
-        threads = CONSUMERS * mgpu_utils.WARPGROUP_SIZE
-        llvm.inline_asm(
-            ir.Type.parse("!llvm.void"), [barrier], f"bar.{instruction} $0, {threads};", "r", has_side_effects=True
-        )
-
-    emit()
-
-
-def _issued():
-    """Says this consumer issued its ``Q Kᵀ`` and waits for the other's softmax."""
-    _named_barrier("arrive", _ISSUED, other=False)
-    _named_barrier("sync", _SOFTMAX_DONE, other=True)
-
-
 def _requires(platform: str) -> str | None:
     return None if _hopper() else f"needs Hopper GPUs (sm_90) on {platform}"
 
@@ -255,7 +220,7 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
     bias_ref = runtime.pop(0) if logits.bias else None
     order_ref = runtime.pop() if schedule.ordered else None
     ids, lengths_ref, dense_ref, bounds_ref = _ring.runtime_refs(spec, runtime)
-    (own, ring, o_smem, lse_smem), (own_ready, ready, free) = scoped
+    (own, ring, o_smem, lse_smem), (own_ready, ready, free), turn = scoped
     bias_ring = (ring[-1], ready[-1], free[-1]) if logits.bias else None
     (k_smem, v_smem, *_), (k_ready, v_ready, *_), (k_free, v_free, *_) = ring, ready, free
     keys, dense_ring = _ring.split_ring(_ring.KeyRing, (k_ref, v_ref, *ids[1:]), ring, ready, free, spec)
@@ -270,6 +235,10 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
         if not schedule.ordered:
             t = _ring.query_tile(spec, schedule.tiles[1], t)
         return (h, t, b), *_ring.key_spans(spec, rows, bk, t, b, bounds_ref, h)
+
+    def take_turn():
+        plgpu.barrier_arrive(turn)
+        plgpu.barrier_wait(turn)
 
     @pl.when(wg < CONSUMERS)
     def _consumer():
@@ -305,10 +274,7 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
             def _():
                 plgpu.barrier_wait(k_ready.at[slot_of(0)])
 
-            @pl.when(wg == 1)
-            def _():  # the second consumer starts half a step behind
-                _named_barrier("arrive", _SOFTMAX_DONE, other=False)
-                _named_barrier("sync", _ISSUED, other=True)
+            pl.when(wg == 1)(take_turn)  # the second consumer starts half a step behind
 
             def step(masked: bool, j, carry):
                 acc, m_i, l_i = carry
@@ -318,7 +284,7 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
                 # Lines 7-8: S_ij = Q_i K_jᵀ; hand the tensor cores to the other consumer.
                 def qk(acc_ref):
                     plgpu.wgmma(acc_ref, q_tile, k_smem.at[slot].transpose((1, 0)))
-                    _issued()
+                    take_turn()
                     return acc_ref[...]
 
                 scores = pl.run_scoped(qk, plgpu.ACC((bq, bk), jnp.float32))
@@ -340,9 +306,9 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
                 l_i = l_i * alpha + p.sum(axis=1)
                 p = p.astype(q_ref.dtype)
                 acc, l_i, m_new, p = lax.optimization_barrier((acc, l_i, m_new, p))
-                _named_barrier("arrive", _SOFTMAX_DONE, other=False)
+                plgpu.barrier_arrive(turn)  # softmax done
                 plgpu.barrier_wait(v_ready.at[slot])
-                _named_barrier("sync", _ISSUED, other=True)  # the tensor cores are ours again
+                plgpu.barrier_wait(turn)  # the tensor cores are ours again
 
                 # Line 10: O_i += P_ij V_j; meanwhile wait for the next key tile.
                 def pv(acc_ref):
@@ -358,7 +324,7 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
 
             for span in spans:
                 carry = lax.fori_loop(span.start, span.stop, functools.partial(step, span.masked), carry)
-            pl.when(wg == 0)(_issued)  # the second consumer's last P V may start
+            pl.when(wg == 0)(take_turn)
             if persistent:  # Q_i is read no more: load the next tile's while this one ends
                 pl.when(i + 1 < schedule.count())(functools.partial(load_q, i + 1))
             acc, m_i, l_i = carry
@@ -501,6 +467,7 @@ def forward_pass(inputs: Inputs, config: Config):
                 plgpu.SMEM((CONSUMERS, bq), jnp.float32),
             ),
             (_ring.own_barriers(own), *_ring.ring_barriers(ring)),
+            plgpu.Barrier(num_arrivals=CONSUMERS),
         ),
     )
     return out[:, : dims.q_len, :, : dims.head_dim_v], lse[:, :, : dims.q_len]
