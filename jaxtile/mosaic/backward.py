@@ -157,15 +157,13 @@ def _scores_grad(p, dp, delta, pre, logits: sm.Logits, visible, axis: int):
     return ds if visible is None else jnp.where(visible, ds, 0.0)
 
 
-def _products(*products, then=None):
+def _products(*products):
     """``acc + a @ b`` for each ``(acc, a, b)`` (``acc`` None: from zero), issued as one
-    group of ``wgmma``s that is waited for once, after ``then()`` where given."""
+    group of ``wgmma``s that is waited for once."""
 
     def issue(refs):
         for ref, (_, a, b) in zip(refs, products):
             plgpu.wgmma(ref, a, b)
-        if then is not None:
-            then()
 
     accs = []
     for acc, a, b in products:
@@ -173,39 +171,6 @@ def _products(*products, then=None):
             acc = plgpu.layout_cast(jnp.zeros((a.shape[0], b.shape[1]), jnp.float32), plgpu.Layout.WGMMA)
         accs.append(plgpu.ACC.init(acc))
     return pl.run_state(issue)(tuple(accs))
-
-
-class _Turns:
-    """The two consumers' turns on the tensor cores (the forward's ping-pong, FlashAttention-3
-    §3.1): each hands them over once its products are issued (`take`, as ``then`` of
-    `_products`) and waits for them back once its element-wise work is done (`end`), so
-    that one's ``exp2`` and ``dS`` run while the other's products do. The second consumer
-    starts half a step behind (`start`) and the first takes a last turn (`stop`), so both
-    arrive equally often; both must run the same steps. ``turn``: a barrier of two
-    arrivals, or None (no turns)."""
-
-    def __init__(self, turn, wg):
-        self.turn, self.wg = turn, wg
-
-    def take(self):
-        if self.turn is not None:
-            plgpu.barrier_arrive(self.turn)
-            plgpu.barrier_wait(self.turn)
-
-    def end(self, products):
-        """`_products`'s ``products``, their left operands computed before the turn is
-        taken back."""
-        if self.turn is None:
-            return products
-        lhs = lax.optimization_barrier([a for _, a, _ in products])
-        self.take()
-        return [(acc, a, b) for (acc, _, b), a in zip(products, lhs)]
-
-    def start(self):
-        pl.when(self.wg == 1)(self.take)
-
-    def stop(self):
-        pl.when(self.wg == 0)(self.take)
 
 
 def _rounded(ds, dtype):
@@ -241,8 +206,7 @@ def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning, roles: bool):
     mask the call has (`_ring.runtime_operands`), dq and the shared memory."""
     q_ref, k_ref, v_ref, do_ref, lse2_ref, delta_ref, *runtime, dq_ref, scoped = refs
     ids, lengths_ref, dense_ref, bounds_ref = _ring.runtime_refs(spec, runtime)
-    (own, ring), (own_ready, ready, free, done, handed, turn) = scoped
-    turns = _Turns(turn, lax.axis_index("wg"))
+    (own, ring), (own_ready, ready, free, done, handed) = scoped
     ring, (part,) = ring if roles else (ring, (None,))
     (k_smem, v_smem, *_), (k_ready, v_ready, *_), (k_free, v_free, *_) = ring, ready, free
     keys, dense_ring = _ring.split_ring(_ring.KeyRing, (k_ref, v_ref, *ids[1:]), ring, ready, free, spec)
@@ -276,11 +240,8 @@ def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning, roles: bool):
             k_j, v_j = k_smem.at[slot], v_smem.at[slot]
             plgpu.barrier_wait(k_ready.at[slot])
             plgpu.barrier_wait(v_ready.at[slot])
-            # Lines 9-13: S_ij = Q_i K_jᵀ, dP_ij = dO_i V_jᵀ; P_ij = exp2(S_ij - L_i); the
-            # tensor cores go to the other consumer.
-            scores, dp = _products(
-                (None, q_i, k_j.transpose((1, 0))), (None, do_i, v_j.transpose((1, 0))), then=turns.take
-            )
+            # Lines 9-13: S_ij = Q_i K_jᵀ, dP_ij = dO_i V_jᵀ; P_ij = exp2(S_ij - L_i).
+            scores, dp = _products((None, q_i, k_j.transpose((1, 0))), (None, do_i, v_j.transpose((1, 0))))
             plgpu.barrier_arrive(v_free.at[slot])
             pre = logits.pre(scores)
             kv_segment = keys.step_ids(slot, masked)  # the keys' ids ride the ring, as the dense mask
@@ -293,7 +254,7 @@ def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning, roles: bool):
                 p = jnp.where(visible, p, 0.0)
             ds, inv_scale = _rounded(_scores_grad(p, dp, delta, pre, logits, visible, 0), k_ref.dtype)
             # Line 15: dQ_i += dS_ij K_j.
-            (product,) = _products(*turns.end([(_accumulator(dq_i, inv_scale), ds, k_j)]))
+            (product,) = _products((_accumulator(dq_i, inv_scale), ds, k_j))
             plgpu.barrier_arrive(k_free.at[slot])
             return _unscaled(dq_i, product, inv_scale)
 
@@ -306,10 +267,8 @@ def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning, roles: bool):
             return lax.fori_loop(0, count, lambda n, dq_i: step(span.masked, start + 2 * n, dq_i), dq_i)
 
         dq_i = plgpu.layout_cast(jnp.zeros((bq, dims.head_dim), jnp.float32), plgpu.Layout.WGMMA)
-        turns.start()
         for span in spans:
             dq_i = span_steps(span, dq_i)
-        turns.stop()
         if roles:  # the ring is read no more: the second's part goes through its memory
             plgpu.barrier_arrive(done)
             plgpu.barrier_wait(done)
@@ -354,7 +313,7 @@ def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int, roles
     spans are those of every head of the group), dk, dv and the shared memory."""
     q_ref, k_ref, v_ref, do_ref, lse2_ref, delta_ref, *runtime, dk_ref, dv_ref, scoped = refs
     ids, lengths_ref, dense_ref, bounds_ref = _ring.runtime_refs(spec, runtime)
-    (memory, own_ids), (own_ready, consumed, turn, ready, free) = scoped
+    (memory, own_ids), (own_ready, consumed, ready, free) = scoped
     ((k_smem, v_smem), ring), (dk_smem, dv_smem) = memory if splits > 1 else (memory, memory[0])
     (q_smem, do_smem, lse_smem, delta_smem, *_) = ring
     (q_ready, do_ready, lse_ready, delta_ready, *_), (q_free, do_free, lse_free, delta_free, *_) = ready, free
@@ -363,7 +322,6 @@ def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int, roles
     bq, bk, stages = tuning.block_q, tuning.block_k, tuning.num_stages
     keys = _tiles(roles) * bk
     share, b, wg = lax.axis_index("shares"), lax.axis_index("batch"), lax.axis_index("wg")
-    turns = _Turns(turn, wg)
     h_kv = lax.div(share, jnp.int32(splits))
     j = lax.axis_index("kv_tiles")
     spans = spec.q_spans(j, bq, keys, _ring.tile_bounds(bounds_ref, j, b, h_kv))
@@ -398,7 +356,7 @@ def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int, roles
             products = [(None, k_j, q_i.transpose((1, 0)))]
             if role != "dv":
                 products.append((None, v_j, do_i.transpose((1, 0))))
-            scores_t, *dp_t = _products(*products, then=turns.take)
+            scores_t, *dp_t = _products(*products)
             pre_t = logits.pre(scores_t)
             plgpu.barrier_wait(lse_ready.at[slot])
             lse2 = _ring.load_stat(lse_smem.at[slot], 1)
@@ -423,7 +381,7 @@ def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int, roles
             if role != "dv":
                 ds_t, inv_scale = _rounded(_scores_grad(p_t, *dp_t, delta, pre_t, logits, visible, 1), q_ref.dtype)
                 products.append((_accumulator(dk_j, inv_scale), ds_t, q_i))
-            results = _products(*turns.end(products))
+            results = _products(*products)
             plgpu.barrier_arrive(do_free.at[slot])
             plgpu.barrier_arrive(q_free.at[slot])
             dv_j = dv_j if role == "dk" else results[0]
@@ -440,9 +398,7 @@ def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int, roles
             return plgpu.layout_cast(jnp.zeros(shape, jnp.float32), plgpu.Layout.WGMMA) if needed else None
 
         init = (zeros(dims.head_dim, role != "dv"), zeros(dims.head_dim_v, role != "dk"))
-        turns.start()
         dk_j, dv_j = lax.fori_loop(jnp.int32(0), jnp.int32(group), one_head, init)
-        turns.stop()
         # Line 18: write dK_j, dV_j once neither consumer reads K_j, V_j or the ring, where
         # the tiles they go through span both consumers' (a share's float32 parts; roles).
         if splits > 1 or roles:
@@ -545,7 +501,6 @@ def backward_pass(inputs: Inputs, out, lse, dout, dlse, config: Config, tuning: 
             (
                 _ring.own_barriers((*own, *own_ids)),
                 plgpu.Barrier(num_arrivals=CONSUMERS) if splits > 1 or roles else None,
-                plgpu.Barrier(num_arrivals=CONSUMERS),
                 *_ring.ring_barriers(ring),
             ),
         ),
@@ -564,10 +519,10 @@ def backward_pass(inputs: Inputs, out, lse, dout, dlse, config: Config, tuning: 
     ring += _ring.segment_tiles(mask, stages, dq_bk) + _ring.dense_tiles(mask, stages, tiles * bq, dq_bk)
     barriers = (_ring.own_barriers(own), *_ring.ring_barriers(ring, 1 if roles else CONSUMERS))
     if roles:  # one consumer frees each slot; the second's float32 part of dQ_i reuses the ring
-        barriers += (plgpu.Barrier(num_arrivals=CONSUMERS), plgpu.Barrier(num_arrivals=1), None)
+        barriers += (plgpu.Barrier(num_arrivals=CONSUMERS), plgpu.Barrier(num_arrivals=1))
         ring = plgpu.RefUnion(ring, (smem(jnp.float32, bq, head_dim),))
-    else:  # both consumers run the same key tiles: turns
-        barriers += (None, None, plgpu.Barrier(num_arrivals=CONSUMERS))
+    else:
+        barriers += (None, None)
     (dq,) = _ring.launch(
         functools.partial(_dq_kernel, roles=roles, **statics),
         (*operands, *_ring.runtime_operands(inputs, mask, q_len, kv_len, tiles * bq, dq_bk)),
