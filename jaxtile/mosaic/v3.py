@@ -253,6 +253,10 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
         def run(i, done):
             (h, t, b), spans, first, steps = tile(i)
             row0 = t * rows + wg * bq
+
+            def load_next():
+                pl.when(i + 1 < schedule.count())(functools.partial(load_q, i + 1))
+
             if not persistent:
                 load_q(i)
             _ring.wait_own(own_ready, wg)
@@ -288,6 +292,8 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
                     return acc_ref[...]
 
                 scores = pl.run_scoped(qk, plgpu.ACC((bq, bk), jnp.float32))
+                if persistent:  # Q_i is read no more: load the next tile's under this step
+                    pl.when(s + 1 == steps)(load_next)
                 pre = logits.pre(scores, _ring.step_bias(bias_ring, slot, wg * bq, bq))  # the bias rides the ring
                 plgpu.barrier_arrive(k_free.at[slot])
                 kv_segment = keys.step_ids(slot, masked)  # the keys' ids ride the ring, as the dense mask
@@ -325,8 +331,8 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
             for span in spans:
                 carry = lax.fori_loop(span.start, span.stop, functools.partial(step, span.masked), carry)
             pl.when(wg == 0)(take_turn)
-            if persistent:  # Q_i is read no more: load the next tile's while this one ends
-                pl.when(i + 1 < schedule.count())(functools.partial(load_q, i + 1))
+            if persistent:  # a tile with no steps loads the next one's queries here
+                pl.when(steps == 0)(load_next)
             acc, m_i, l_i = carry
             # Lines 12-13: O_i = diag(l_i)^-1 O_i, L_i = m_i + log2(l_i) (natural log out).
             empty = l_i == 0.0
