@@ -609,11 +609,6 @@ def launch(kernel, operands, out_type, grid, grid_names, consumers: int, scratch
     def entry(*refs):
         pl.run_scoped(lambda *scoped: kernel(*refs, scoped), *scratch, collective_axes="wg")
 
-    # No barriers of Pallas's own around shared-memory stores and copies: the kernels
-    # write a tile only once what read it is done (the `wgmma`s waited for,
-    # `plgpu.wait_smem_to_gmem`, another warpgroup's arrival on a barrier) and hand it
-    # to the copies through `plgpu.commit_smem`, which ends in a warpgroup barrier.
-    params = plgpu.CompilerParams(approx_math=True, unsafe_no_auto_barriers=True)
     return plgpu.kernel(
         entry,
         out_type=out_type,
@@ -621,5 +616,5 @@ def launch(kernel, operands, out_type, grid, grid_names, consumers: int, scratch
         grid_names=grid_names,
         num_threads=consumers + 1,
         thread_name="wg",
-        compiler_params=params,
+        compiler_params=plgpu.CompilerParams(approx_math=True),
     )(*operands)
