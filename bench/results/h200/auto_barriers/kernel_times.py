@@ -25,8 +25,8 @@ def main():
         primals, mask, _ = check._inputs(shape, "fwd")
         attend = check._jaxtile(shape) if who == "jaxtile" else check._tokamax(shape)
         args = (mask, *primals)
-        compiled = jax.jit(lambda mask, *p: attend(*p, mask=mask)).lower(*args).compile()
-        call = lambda: compiled(*args)  # noqa: E731
+        compiled = jax.jit(lambda mask, *p, attend=attend: attend(*p, mask=mask)).lower(*args).compile()
+        call = lambda c=compiled, a=args: c(*a)  # noqa: E731
         for _ in range(50):
             call()
         jax.block_until_ready(call())

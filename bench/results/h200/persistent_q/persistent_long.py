@@ -21,19 +21,19 @@ def main():
     print(jaxtile.__file__, jax.__version__, jax.devices()[0].device_kind, flush=True)
     for name in ROWS:
         shape = next(s for s in check.SHAPES if s.name == name)
-        (q, k, v), mask, _ = check._inputs(shape, "fwd")
+        (q, k, v), _, _ = check._inputs(shape, "fwd")
         tuning = dataclasses.replace(v3.default_tuning(shape.head_dim, shape.head_dim, 2), persistent=True)
         variants = {
             "default": check._jaxtile(shape),
-            "persistent": lambda q, k, v, bias=None, mask=None: jaxtile.flash_attention(
-                q, k, v, causal=shape.causal, implementation="mosaic_v3", tuning=tuning
+            "persistent": lambda q, k, v, causal=shape.causal, tuning=tuning: jaxtile.flash_attention(
+                q, k, v, causal=causal, implementation="mosaic_v3", tuning=tuning
             ),
             "cudnn": check._cudnn(shape),
         }
         calls = {}
         for label, attend in variants.items():
             compiled = jax.jit(lambda q, k, v, attend=attend: attend(q, k, v)).lower(q, k, v).compile()
-            calls[label] = lambda c=compiled: c(q, k, v)
+            calls[label] = lambda c=compiled, a=(q, k, v): c(*a)
         times = {label: [] for label in calls}
         for _ in range(3):
             for label, call in calls.items():
