@@ -17,23 +17,29 @@ ROWS = (("window_256_256_16k", "jaxtile"), ("window_256_256_16k", "tokamax"), ("
 CALLS = 20
 
 
+def kernel_time(shape, attend, trace: Path) -> str:
+    """The top kernel line of `bench.profile.summarise` for ``attend`` on ``shape``'s forward
+    inputs: compiled once, 50 calls to warm up, then `CALLS` traced into ``trace``."""
+    primals, mask, _ = check._inputs(shape, "fwd")
+    args = (mask, *primals)
+    compiled = jax.jit(lambda mask, *p: attend(*p, mask=mask)).lower(*args).compile()
+    call = lambda: compiled(*args)  # noqa: E731
+    for _ in range(50):
+        call()
+    jax.block_until_ready(call())
+    profile.traced(call, trace, CALLS)
+    kernels = [line for line in profile.summarise(trace, CALLS).splitlines() if line.strip().startswith("gpu ")]
+    return kernels[0] if kernels else ""
+
+
 def main():
     out, label = Path(sys.argv[1]), sys.argv[2]
     print(label, jaxtile.__file__, flush=True)
     for name, who in ROWS:
         shape = next(s for s in check.SHAPES if s.name == name)
-        primals, mask, _ = check._inputs(shape, "fwd")
         attend = check._jaxtile(shape) if who == "jaxtile" else check._tokamax(shape)
-        args = (mask, *primals)
-        compiled = jax.jit(lambda mask, *p, attend=attend: attend(*p, mask=mask)).lower(*args).compile()
-        call = lambda c=compiled, a=args: c(*a)  # noqa: E731
-        for _ in range(50):
-            call()
-        jax.block_until_ready(call())
-        trace = out / f"trace_{label}_{name}_{who}"
-        profile.traced(call, trace, CALLS)
-        kernels = [line for line in profile.summarise(trace, CALLS).splitlines() if line.strip().startswith("gpu ")]
-        print(f"{label:8} {name:24} {who:8}", *kernels[:1], flush=True)
+        line = kernel_time(shape, attend, out / f"trace_{label}_{name}_{who}")
+        print(f"{label:8} {name:24} {who:8}", line, flush=True)
 
 
 if __name__ == "__main__":

@@ -1,17 +1,17 @@
 """The other calls that run persistent programs (`v3._persistent`): causal and non-causal
 1K and 2K, and ragged lengths over 2K keys, each kernel's own time over 20 calls under
-`jax.profiler.trace` (as `kernel_times.py`). Run one version per process, from the
+`jax.profiler.trace` (`kernel_times.kernel_time`). Run one version per process, from the
 repository root with the version's directory first on PYTHONPATH; prints the
 ``jaxtile`` imported. Usage: python short_rows.py OUT LABEL."""
 
 import sys
 from pathlib import Path
 
-import jax
 import jax.numpy as jnp
+from kernel_times import kernel_time  # this script's folder is first on sys.path
 
 import jaxtile
-from bench import check, profile
+from bench import check
 
 SHAPES = (
     check.Shape("d128_1k_causal", 16, 1024, 16, 128, causal=True),
@@ -20,7 +20,6 @@ SHAPES = (
     check.Shape("d128_2k_full", 8, 2048, 16, 128),
     check.Shape("d128_2k_ragged_causal", 8, 2048, 16, 128, causal=True),
 )
-CALLS = 20
 
 
 def _attend(shape):
@@ -38,18 +37,8 @@ def main():
     out, label = Path(sys.argv[1]), sys.argv[2]
     print(label, jaxtile.__file__, flush=True)
     for shape in SHAPES:
-        primals, mask, _ = check._inputs(shape, "fwd")
-        args = (mask, *primals)
-        attend = _attend(shape)
-        compiled = jax.jit(lambda mask, *p, attend=attend: attend(*p, mask=mask)).lower(*args).compile()
-        call = lambda c=compiled, a=args: c(*a)  # noqa: E731
-        for _ in range(50):
-            call()
-        jax.block_until_ready(call())
-        trace = out / f"trace_{label}_{shape.name}"
-        profile.traced(call, trace, CALLS)
-        kernels = [line for line in profile.summarise(trace, CALLS).splitlines() if line.strip().startswith("gpu ")]
-        print(f"{label:8} {shape.name:24}", *kernels[:1], flush=True)
+        line = kernel_time(shape, _attend(shape), out / f"trace_{label}_{shape.name}")
+        print(f"{label:8} {shape.name:24}", line, flush=True)
 
 
 if __name__ == "__main__":
