@@ -62,9 +62,6 @@ class Tuning:
     persistent: one program per multiprocessor, each running query tiles in turn
       (`_ring.Schedule`), rather than one program per query tile; its output takes a
       tile of shared memory of its own.
-    overlap: None, or each consumer's softmax of a key tile overlaps its own ``P V``
-      product of the tile before (FlashAttention-3's Algorithm 2), ``P`` passed to the
-      product in "registers" or through "smem".
     backward: the backward kernels' (`jaxtile.mosaic.backward`); None for
       `default_backward_tuning` of the call's head dims.
     """
@@ -73,7 +70,6 @@ class Tuning:
     block_k: int = 128
     num_stages: int = 2
     persistent: bool = False
-    overlap: str | None = None
     backward: BackwardTuning | None = None
 
     def __post_init__(self):
@@ -85,8 +81,6 @@ class Tuning:
             raise ValueError(f"num_stages={self.num_stages!r} must be an int >= 2")
         if not isinstance(self.persistent, bool):
             raise ValueError(f"persistent={self.persistent!r} must be a bool")
-        if self.overlap not in (None, "registers", "smem"):
-            raise ValueError(f"overlap={self.overlap!r} must be None, 'registers' or 'smem'")
 
     def backward_for(self, head_dim: int, head_dim_v: int, masks_elements: bool = False) -> BackwardTuning:
         """`backward`, or `default_backward_tuning` of these (padded) head dims and mask
@@ -99,8 +93,7 @@ class Tuning:
         rows = CONSUMERS * self.block_q
         q_o = rows * (head_dim + (head_dim_v if self.own_output(head_dim, head_dim_v) else 0)) * itemsize
         ring = self.num_stages * self.block_k * ((head_dim + head_dim_v) * itemsize + rows * score_bytes)
-        p = rows * self.block_k * itemsize if self.overlap == "smem" else 0
-        return q_o + ring + p + rows * 4
+        return q_o + ring + rows * 4
 
     def own_output(self, head_dim: int, head_dim_v: int) -> bool:
         """Whether the output has a tile of its own rather than the queries'."""
@@ -227,7 +220,7 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
     bias_ref = runtime.pop(0) if logits.bias else None
     order_ref = runtime.pop() if schedule.ordered else None
     ids, lengths_ref, dense_ref, bounds_ref = _ring.runtime_refs(spec, runtime)
-    (own, ring, o_smem, lse_smem, p_smem), (own_ready, ready, free), turn = scoped
+    (own, ring, o_smem, lse_smem), (own_ready, ready, free), turn = scoped
     bias_ring = (ring[-1], ready[-1], free[-1]) if logits.bias else None
     (k_smem, v_smem, *_), (k_ready, v_ready, *_), (k_free, v_free, *_) = ring, ready, free
     keys, dense_ring = _ring.split_ring(_ring.KeyRing, (k_ref, v_ref, *ids[1:]), ring, ready, free, spec)
@@ -281,39 +274,45 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
             def slot_of(s):
                 return lax.rem(jnp.asarray(done + s, jnp.int32), jnp.int32(stages))
 
-            def softmax(masked: bool, j, slot, scores, m_i, l_i):
-                """Lines 9-10 on ``S_ij``: online softmax in base 2 (a row that has seen
-                nothing, masked or by a bias of -inf, keeps m_i = -inf; its base is 0 so
-                that no -inf - -inf is formed); ``P_ij`` in the inputs' dtype, alpha, m_i, l_i."""
-                pre = logits.pre(scores, _ring.step_bias(bias_ring, slot, wg * bq, bq))  # the bias rides the ring
-                plgpu.barrier_arrive(k_free.at[slot])
-                kv_segment = keys.step_ids(slot, masked)  # the keys' ids ride the ring, as the dense mask
-                dense = _ring.step_dense(dense_ring, slot, masked, wg * bq, bq)
-                if masked:
-                    runtime = dict(lengths=lengths, own_ids=q_segment, step_ids=kv_segment, dense=dense)
-                    pre = jnp.where(_ring.visible(spec, (row0, j * bk), pre.shape, 0, **runtime), pre, -jnp.inf)
-                m_new = jnp.maximum(m_i, pre.max(axis=1) * logits.factor)
-                m_base = jnp.where(m_new == -jnp.inf, 0.0, m_new) if masked or logits.bias else m_new
-                p = jnp.exp2(pre * logits.factor - along(m_base, pre.shape, 0))
-                alpha = jnp.exp2(m_i - m_base)
-                return p.astype(q_ref.dtype), alpha, m_new, l_i * alpha + p.sum(axis=1)
+            @pl.when(steps > 0)
+            def _():
+                plgpu.barrier_wait(k_ready.at[slot_of(0)])
+
+            pl.when(wg == 1)(take_turn)  # the second consumer starts half a step behind
 
             def step(masked: bool, j, carry):
                 acc, m_i, l_i = carry
                 s = j - first
                 slot = slot_of(s)
 
-                # Lines 7-8: S_ij = Q_i K_jᵀ; hand the tensor cores to the other consumer.
+                # Lines 7-8: S_ij = Q_i K_jᵀ; hand the tensor cores to the other consumer,
+                # and free K_j's slot once S_ij is in, before waiting for the other's turn.
                 def qk(acc_ref):
                     plgpu.wgmma(acc_ref, q_tile, k_smem.at[slot].transpose((1, 0)))
-                    take_turn()
+                    plgpu.barrier_arrive(turn)
                     return acc_ref[...]
 
                 scores = pl.run_scoped(qk, plgpu.ACC((bq, bk), jnp.float32))
+                plgpu.barrier_arrive(k_free.at[slot])
                 if persistent:  # Q_i is read no more: load the next tile's under this step
                     pl.when(s + 1 == steps)(load_next)
-                p, alpha, m_new, l_i = softmax(masked, j, slot, scores, m_i, l_i)
+                plgpu.barrier_wait(turn)
+                pre = logits.pre(scores, _ring.step_bias(bias_ring, slot, wg * bq, bq))  # the bias rides the ring
+                kv_segment = keys.step_ids(slot, masked)  # the keys' ids ride the ring, as the dense mask
+                dense = _ring.step_dense(dense_ring, slot, masked, wg * bq, bq)
+                if masked:
+                    runtime = dict(lengths=lengths, own_ids=q_segment, step_ids=kv_segment, dense=dense)
+                    pre = jnp.where(_ring.visible(spec, (row0, j * bk), pre.shape, 0, **runtime), pre, -jnp.inf)
+                # Lines 9-10: online softmax in base 2 (a row that has seen nothing, masked
+                # or by a bias of -inf, keeps m_i = -inf; its base is 0 so that no -inf -
+                # -inf is formed).
+                m_new = jnp.maximum(m_i, pre.max(axis=1) * logits.factor)
+                m_base = jnp.where(m_new == -jnp.inf, 0.0, m_new) if masked or logits.bias else m_new
+                p = jnp.exp2(pre * logits.factor - along(m_base, pre.shape, 0))
+                alpha = jnp.exp2(m_i - m_base)
                 acc = acc * along(alpha, acc.shape, 0)
+                l_i = l_i * alpha + p.sum(axis=1)
+                p = p.astype(q_ref.dtype)
                 acc, l_i, m_new, p = lax.optimization_barrier((acc, l_i, m_new, p))
                 plgpu.barrier_arrive(turn)  # softmax done
                 plgpu.barrier_wait(v_ready.at[slot])
@@ -331,95 +330,24 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
                 plgpu.barrier_arrive(v_free.at[slot])
                 return acc, m_new, l_i
 
-            def overlapped_step(o_acc, masked: bool, j, carry):
-                """One key tile whose softmax overlaps ``O_i += P_i,j-1 V_j-1`` (Algorithm 2):
-                ``O_i`` stays in the accumulator ``o_acc``; ``P_i,j-1`` is in ``carry`` or
-                in ``p_smem`` (zeros before the first step, V_j standing in for V_j-1)."""
-                m_i, l_i, *p_prev = carry
-                s = j - first
-                slot, prev = slot_of(s), slot_of(s + stages - 1)
-                plgpu.barrier_wait(k_ready.at[slot])
-
-                def products(s_acc):
-                    plgpu.wgmma(s_acc, q_tile, k_smem.at[slot].transpose((1, 0)))
-                    plgpu.barrier_wait(v_ready.at[slot])
-                    p_operand = p_prev[0] if p_prev else p_smem.at[wg]
-                    plgpu.wgmma(o_acc, p_operand, v_smem.at[lax.select(s > 0, prev, slot)])
-                    take_turn()
-                    scores = plgpu.wgmma_accumulator_load(s_acc, wait_n=1)
-                    if persistent:
-                        pl.when(s + 1 == steps)(load_next)
-                    p, alpha, m_new, l_new = softmax(masked, j, slot, scores, m_i, l_i)
-                    o_acc[...] = plgpu.wgmma_accumulator_load(o_acc, wait_n=0) * along(alpha, o_acc.shape, 0)
-
-                    @pl.when(s > 0)
-                    def _():
-                        plgpu.barrier_arrive(v_free.at[prev])
-
-                    if p_prev:
-                        return lax.optimization_barrier((m_new, l_new, p))
-                    p_smem.at[wg][...] = p
-                    plgpu.commit_smem()
-                    return lax.optimization_barrier((m_new, l_new))
-
-                carry = pl.run_scoped(products, plgpu.ACC((bq, bk), jnp.float32))
-                plgpu.barrier_arrive(turn)  # softmax done
-                plgpu.barrier_wait(turn)  # the tensor cores are ours again
-                return carry
-
-            def overlapped(o_acc):
-                p0 = plgpu.layout_cast(jnp.zeros((bq, bk), q_ref.dtype), plgpu.Layout.WGMMA)
-                if tuning.overlap == "smem":
-                    p_smem.at[wg][...] = p0
-                    plgpu.commit_smem()
-                pl.when(wg == 1)(take_turn)  # the second consumer starts half a step behind
-                state = carry[1:] + ((p0,) if tuning.overlap == "registers" else ())
-                for span in spans:
-                    state = lax.fori_loop(
-                        span.start, span.stop, functools.partial(overlapped_step, o_acc, span.masked), state
-                    )
-                # Line 10 of the last step (with no step, P is 0 and the rows are empty).
-                last = slot_of(steps + stages - 1)
-                plgpu.wgmma(o_acc, state[2] if tuning.overlap == "registers" else p_smem.at[wg], v_smem.at[last])
-                acc = plgpu.wgmma_accumulator_load(o_acc, wait_n=0)
-
-                @pl.when(steps > 0)
-                def _():
-                    plgpu.barrier_arrive(v_free.at[last])
-
-                return acc, state[0], state[1]
-
-            def finish(acc, m_i, l_i):
-                pl.when(wg == 0)(take_turn)
-                if persistent:  # a tile with no steps loads the next one's queries here
-                    pl.when(steps == 0)(load_next)
-                # Lines 12-13: O_i = diag(l_i)^-1 O_i, L_i = m_i + log2(l_i) (natural log out).
-                empty = l_i == 0.0
-                out = acc / along(jnp.where(empty, 1.0, l_i), acc.shape, 0)
-                if tuning.overlap:  # the last product's garbage V times P = 0 of an empty tile
-                    out = jnp.where(along(empty, acc.shape, 0), 0.0, out)
-                lse = jnp.where(empty, -jnp.inf, (m_i + jnp.log2(jnp.where(empty, 1.0, l_i))) * sm.LN2)
-                if persistent:  # the last tile's output has left shared memory
-                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-                o_tile = q_tile if o_smem is None else o_smem.at[wg]  # the queries' tile, when it fits
-                o_tile[...] = out.astype(o_ref.dtype)
-                lse_smem.at[wg][...] = lse
-                plgpu.commit_smem()
-                plgpu.copy_smem_to_gmem(o_tile, o_ref.at[b, pl.ds(row0, bq), h])
-                plgpu.copy_smem_to_gmem(lse_smem.at[wg], lse_ref.at[b, h, pl.ds(row0, bq)])
-
-            if tuning.overlap:
-                pl.run_state(lambda o_acc: finish(*overlapped(o_acc)))(plgpu.ACC.init(carry[0]))
-                return done + steps
-
-            @pl.when(steps > 0)
-            def _():
-                plgpu.barrier_wait(k_ready.at[slot_of(0)])
-
-            pl.when(wg == 1)(take_turn)  # the second consumer starts half a step behind
             for span in spans:
                 carry = lax.fori_loop(span.start, span.stop, functools.partial(step, span.masked), carry)
-            finish(*carry)
+            pl.when(wg == 0)(take_turn)
+            if persistent:  # a tile with no steps loads the next one's queries here
+                pl.when(steps == 0)(load_next)
+            acc, m_i, l_i = carry
+            # Lines 12-13: O_i = diag(l_i)^-1 O_i, L_i = m_i + log2(l_i) (natural log out).
+            empty = l_i == 0.0
+            out = acc / along(jnp.where(empty, 1.0, l_i), acc.shape, 0)
+            lse = jnp.where(empty, -jnp.inf, (m_i + jnp.log2(jnp.where(empty, 1.0, l_i))) * sm.LN2)
+            if persistent:  # the last tile's output has left shared memory
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+            o_tile = q_tile if o_smem is None else o_smem.at[wg]  # the queries' tile, when it fits
+            o_tile[...] = out.astype(o_ref.dtype)
+            lse_smem.at[wg][...] = lse
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(o_tile, o_ref.at[b, pl.ds(row0, bq), h])
+            plgpu.copy_smem_to_gmem(lse_smem.at[wg], lse_ref.at[b, h, pl.ds(row0, bq)])
             return done + steps
 
         if persistent:
@@ -545,7 +473,6 @@ def forward_pass(inputs: Inputs, config: Config):
                 ring,
                 smem(dtype, CONSUMERS, bq, head_dim_v) if tuning.own_output(head_dim, head_dim_v) else None,
                 plgpu.SMEM((CONSUMERS, bq), jnp.float32),
-                smem(dtype, CONSUMERS, bq, bk) if tuning.overlap == "smem" else None,
             ),
             (_ring.own_barriers(own), *_ring.ring_barriers(ring)),
             plgpu.Barrier(num_arrivals=CONSUMERS),
