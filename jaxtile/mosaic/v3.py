@@ -285,19 +285,17 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
                 s = j - first
                 slot = slot_of(s)
 
-                # Lines 7-8: S_ij = Q_i K_jᵀ; hand the tensor cores to the other consumer,
-                # and free K_j's slot once S_ij is in, before waiting for the other's turn.
+                # Lines 7-8: S_ij = Q_i K_jᵀ; hand the tensor cores to the other consumer.
                 def qk(acc_ref):
                     plgpu.wgmma(acc_ref, q_tile, k_smem.at[slot].transpose((1, 0)))
-                    plgpu.barrier_arrive(turn)
+                    take_turn()
                     return acc_ref[...]
 
                 scores = pl.run_scoped(qk, plgpu.ACC((bq, bk), jnp.float32))
-                plgpu.barrier_arrive(k_free.at[slot])
                 if persistent:  # Q_i is read no more: load the next tile's under this step
                     pl.when(s + 1 == steps)(load_next)
-                plgpu.barrier_wait(turn)
                 pre = logits.pre(scores, _ring.step_bias(bias_ring, slot, wg * bq, bq))  # the bias rides the ring
+                plgpu.barrier_arrive(k_free.at[slot])
                 kv_segment = keys.step_ids(slot, masked)  # the keys' ids ride the ring, as the dense mask
                 dense = _ring.step_dense(dense_ring, slot, masked, wg * bq, bq)
                 if masked:
