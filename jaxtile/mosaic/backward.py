@@ -527,8 +527,8 @@ def backward_pass(inputs: Inputs, out, lse, dout, dlse, config: Config, tuning: 
         functools.partial(_dq_kernel, roles=roles, **statics),
         (*operands, *_ring.runtime_operands(inputs, mask, q_len, kv_len, tiles * bq, dq_bk)),
         (jax.ShapeDtypeStruct(q.shape, dtype),),
-        (q_len // (tiles * bq), dims.num_heads, dims.batch),  # query tiles fastest, as the forward's
-        ("q_tiles", "heads", "batch"),
+        (dims.num_heads, q_len // (tiles * bq), dims.batch),
+        ("heads", "q_tiles", "batch"),
         CONSUMERS,
         ((own, ring), barriers),
     )
