@@ -493,8 +493,8 @@ def backward_pass(inputs: Inputs, out, lse, dout, dlse, config: Config, tuning: 
         functools.partial(_dkdv_kernel, splits=splits, roles=roles, **statics),
         (*operands, *_ring.runtime_operands(inputs, mask, q_len, kv_len, bq, tiles * bk, True)),
         tuple(jax.ShapeDtypeStruct((dims.batch, kv_len, shares, x.shape[-1]), part) for x in (k, v)),
-        (kv_len // (tiles * bk), dims.batch, shares),
-        ("kv_tiles", "batch", "shares"),
+        (shares, kv_len // (tiles * bk), dims.batch),  # heads fastest, as the forward's
+        ("shares", "kv_tiles", "batch"),
         CONSUMERS,
         (
             (memory, own_ids),
