@@ -208,8 +208,8 @@ def key_spans(spec: MaskSpec, rows: int, block_k: int, t, b, bounds_ref=None, h=
 class Schedule:
     """Which tiles of a grid ``tiles`` = (heads, query tiles, batch) each program runs.
 
-    ``programs`` None: one program per tile; the launch grid is (heads, batch, query
-    tiles), heads fastest, then the batch (axes ``"heads"``, ``"batch"``, ``"q_tiles"``). Else ``programs`` persistent programs (the
+    ``programs`` None: one program per tile; the launch grid is ``tiles``, its axes
+    ``"heads"``, ``"q_tiles"``, ``"batch"``. Else ``programs`` persistent programs (the
     ``"programs"`` axis) run the tiles in rounds, one tile each per round, in the order
     the hardware launches a grid (heads fastest), every other round backwards if
     ``snake``. A program moves to its next tile without a launch, its producer loading
@@ -254,12 +254,11 @@ class Schedule:
 
     @property
     def grid(self) -> tuple[int, ...]:
-        heads, q_tiles, batch = self.tiles
-        return (heads, batch, q_tiles) if self.programs is None else (self.programs,)
+        return self.tiles if self.programs is None else (self.programs,)
 
     @property
     def names(self) -> tuple[str, ...]:
-        return ("heads", "batch", "q_tiles") if self.programs is None else ("programs",)
+        return ("heads", "q_tiles", "batch") if self.programs is None else ("programs",)
 
     def _linear(self, i):
         """The place in launch order of this program's tile in round ``i``."""
@@ -280,7 +279,7 @@ class Schedule:
         """``(head, query tile, batch)`` of this program's ``i``-th tile (through the
         `tile_order` ref ``order`` if `ordered`)."""
         if self.programs is None:
-            return tuple(lax.axis_index(name) for name in ("heads", "q_tiles", "batch"))
+            return tuple(lax.axis_index(name) for name in self.names)
         heads, q_tiles, _ = (jnp.int32(n) for n in self.tiles)
         linear = self._linear(i)
         if not self.ordered:

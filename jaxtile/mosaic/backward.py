@@ -493,8 +493,8 @@ def backward_pass(inputs: Inputs, out, lse, dout, dlse, config: Config, tuning: 
         functools.partial(_dkdv_kernel, splits=splits, roles=roles, **statics),
         (*operands, *_ring.runtime_operands(inputs, mask, q_len, kv_len, bq, tiles * bk, True)),
         tuple(jax.ShapeDtypeStruct((dims.batch, kv_len, shares, x.shape[-1]), part) for x in (k, v)),
-        (shares, dims.batch, kv_len // (tiles * bk)),  # heads fastest, then the batch, as the forward's
-        ("shares", "batch", "kv_tiles"),
+        (shares, kv_len // (tiles * bk), dims.batch),  # heads fastest, as the forward's
+        ("shares", "kv_tiles", "batch"),
         CONSUMERS,
         (
             (memory, own_ids),
@@ -527,8 +527,8 @@ def backward_pass(inputs: Inputs, out, lse, dout, dlse, config: Config, tuning: 
         functools.partial(_dq_kernel, roles=roles, **statics),
         (*operands, *_ring.runtime_operands(inputs, mask, q_len, kv_len, tiles * bq, dq_bk)),
         (jax.ShapeDtypeStruct(q.shape, dtype),),
-        (dims.num_heads, dims.batch, q_len // (tiles * bq)),
-        ("heads", "batch", "q_tiles"),
+        (dims.num_heads, q_len // (tiles * bq), dims.batch),
+        ("heads", "q_tiles", "batch"),
         CONSUMERS,
         ((own, ring), barriers),
     )
