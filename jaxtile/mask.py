@@ -253,6 +253,13 @@ class MaskSpec:
         mask), not only where each row's keys start and stop (lengths)."""
         return self.has_segments or self.has_dense_mask
 
+    @property
+    def bounds_from_lengths(self) -> bool:
+        """True when lengths are the mask's only runtime part: a kernel can form a tile's
+        bounds from its sequence's two lengths (`length_bounds`) instead of reading
+        `tile_bounds`' array."""
+        return self.has_lengths and not (self.masks_elements or self.every_tile)
+
     def visible(self, q_idx, kv_idx, *, q_segment=None, kv_segment=None, dense=None, lengths=None, check_bounds=True):
         """Element-wise visibility; arguments broadcast against each other.
 
@@ -347,6 +354,64 @@ class MaskSpec:
             seen &= first_key <= last_row + offset + self.right
             full &= end_key <= first_row + offset + self.right
         return jnp.where(seen, jnp.where(full, FULL, MASKED), SKIP)[:, None]
+
+    def length_bounds(self, tile, block_q: int, block_k: int, q_length, kv_length, *, transposed: bool = False):
+        """`tile_bounds` of a mask whose runtime part is lengths, for one tile of one
+        sequence, from its ``q_length`` and ``kv_length`` (int32 scalars): the key tiles
+        of query tile ``tile``, or with ``transposed`` the query tiles of key tile ``tile``.
+        The same `TileBounds` as `bounds_from_classes` of `tile_classes` (each condition of
+        `_length_classes` solved for the inner tile index), in closed form, so that a
+        kernel forms them where it needs them."""
+        offset = 0 if self.top_left else kv_length - q_length
+        left, right = self.left, self.right
+        if transposed:
+            n, first = cdiv(self.q_len, block_q), tile * block_k
+            end = first + block_k - 1
+            last = jnp.minimum(end, kv_length - 1)
+            # Rows i * block_q ... that see key `first` (right) and `last` (left).
+            seen = first < kv_length
+            lo, hi = 0, _tile_cdiv(q_length, block_q)
+            if right is not None:
+                reach = first - offset - right  # the first row whose window reaches key `first`
+                seen &= q_length - 1 >= reach
+                lo = _tile_div(jnp.maximum(reach, 0), block_q)
+            if left is not None:
+                reach = last - offset + left  # the last row whose window reaches key `last`
+                seen &= reach >= 0
+                hi = jnp.minimum(hi, _tile_div(jnp.maximum(reach, 0), block_q) + 1)
+            # Tiles whose every row (up to q_len) is within q_length and sees the whole tile.
+            whole = end < kv_length
+            full_lo = 0 if right is None else _tile_cdiv(jnp.maximum(end - offset - right, 0), block_q)
+            full_hi = jnp.where(q_length >= self.q_len, n, _tile_div(q_length, block_q))
+            if left is not None:
+                reach = first - offset + left + 1
+                limit = jnp.where(self.q_len <= reach, n, _tile_div(jnp.maximum(reach, 0), block_q))
+                full_hi = jnp.minimum(full_hi, limit)
+        else:
+            first = tile * block_q
+            end = jnp.minimum(first + block_q, self.q_len) - 1
+            last = jnp.minimum(end, q_length - 1)
+            seen = first < q_length
+            lo, hi = 0, _tile_cdiv(kv_length, block_k)
+            if left is not None:
+                reach = first + offset - left  # the first key row `first` sees
+                seen &= kv_length - 1 >= reach
+                lo = _tile_div(jnp.maximum(reach, 0), block_k)
+            if right is not None:
+                reach = last + offset + right  # the last key row `last` sees
+                seen &= reach >= 0
+                hi = jnp.minimum(hi, _tile_div(jnp.maximum(reach, 0), block_k) + 1)
+            whole = end < q_length
+            full_lo = 0 if left is None else _tile_cdiv(jnp.maximum(end + offset - left, 0), block_k)
+            full_hi = _tile_div(kv_length, block_k)
+            if right is not None:
+                full_hi = jnp.minimum(full_hi, _tile_div(jnp.maximum(first + offset + right + 1, 0), block_k))
+        seen &= lo < hi
+        lo, hi = jnp.where(seen, lo, 0), jnp.where(seen, hi, 0)
+        whole &= full_lo < full_hi
+        full_lo = jnp.where(whole, _clip(full_lo, lo, hi), lo)
+        full_hi = jnp.where(whole, _clip(full_hi, full_lo, hi), full_lo)
+        return TileBounds(lo, full_lo, full_hi, hi)
 
     def tile_bounds(self, block_q: int, block_k: int, *, transposed: bool = False, **runtime):
         """Per-tile bounds of the runtime mask (`tile_classes`'s arguments), for the span

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import itertools
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -231,6 +233,30 @@ def test_length_spans_cover_exactly_the_visible_tiles(q_len, kv_len, causal, win
         expected &= True if right is None else keys <= pos + right
         np.testing.assert_array_equal(vis[b, 0], expected)
     _check_runtime_spans(spec, vis, bq, bk, dict(lengths=lengths))
+
+
+@pytest.mark.parametrize("transposed", [False, True], ids=["kv_spans", "q_spans"])
+@pytest.mark.parametrize("q_len,kv_len,causal,window,bq,bk,top_left", ALIGNED[::6])
+def test_length_bounds_are_the_tile_bounds_of_lengths(q_len, kv_len, causal, window, bq, bk, top_left, transposed):
+    """What a kernel forms from two lengths (`MaskSpec.length_bounds`) is what
+    `MaskSpec.tile_bounds` computes from the array of them, for every tile and every
+    pair of lengths up to the sequences' (every pair where they are short)."""
+    spec = MaskSpec.create(q_len, kv_len, causal=causal, window=window, has_lengths=True, top_left=top_left)
+    assert spec.bounds_from_lengths
+    rng = np.random.default_rng(q_len * 1000 + kv_len + bq)
+    pairs = itertools.product(range(q_len + 1), range(kv_len + 1))
+    lengths = np.array(
+        list(pairs) if (q_len + 1) * (kv_len + 1) <= 400 else rng.integers(0, [q_len + 1, kv_len + 1], (400, 2))
+    )
+    lengths = np.concatenate([lengths, [[q_len, kv_len], [0, 0]]]).astype(np.int32)
+    expected = np.asarray(spec.tile_bounds(bq, bk, transposed=transposed, lengths=lengths))[:, 0]
+    tiles = np.arange(expected.shape[1], dtype=np.int32)
+
+    def bounds(q_length, kv_length):
+        return jnp.stack(spec.length_bounds(tiles, bq, bk, q_length, kv_length, transposed=transposed), axis=-1)
+
+    got = jax.jit(jax.vmap(bounds))(lengths[:, 0], lengths[:, 1])
+    np.testing.assert_array_equal(got, expected)
 
 
 def test_decode_over_a_partly_filled_cache_visits_only_its_tiles():

@@ -360,8 +360,13 @@ class RuntimeMask:
 
     def spans(self, spec: MaskSpec, b, h, tile, along_q: bool, block_q: int, block_k: int):
         """`MaskSpec.kv_spans` (``along_q=False``: the key tiles of query tile ``tile``)
-        or `MaskSpec.q_spans`, with this call's runtime bounds."""
-        bounds = None if self.bounds is None else load_bounds(self.bounds, b, h, tile)
+        or `MaskSpec.q_spans`, with this call's runtime bounds (formed here from the
+        sequence's lengths where they are the only runtime part)."""
+        if spec.bounds_from_lengths:
+            lengths = (self.lengths[b, 0], self.lengths[b, 1])
+            bounds = spec.length_bounds(tile, block_q, block_k, *lengths, transposed=along_q)
+        else:
+            bounds = None if self.bounds is None else load_bounds(self.bounds, b, h, tile)
         if along_q:
             return spec.q_spans(tile, block_q, block_k, bounds)
         return spec.kv_spans(tile, block_q, block_k, bounds)
@@ -496,7 +501,10 @@ def scores_grad(inputs: Inputs, dims: Shape) -> list[jax.ShapeDtypeStruct]:
 
 def tile_bounds(inputs: Inputs, spec: MaskSpec, block_q: int, block_k: int, *, transposed: bool) -> list[jax.Array]:
     """``[MaskSpec.tile_bounds(...)]`` for a kernel with these tiles (``block_q`` in
-    positions), or ``[]`` when the mask has no runtime part."""
+    positions), or ``[]`` when the mask has no runtime part or the kernel forms the
+    bounds from lengths (`RuntimeMask.spans`)."""
+    if spec.bounds_from_lengths:
+        return []
     bounds = spec.tile_bounds(
         block_q,
         block_k,
@@ -522,7 +530,7 @@ def split_refs(refs: Sequence, num_leading: int, config: Config):
         runtime = dataclasses.replace(runtime, lengths=rest.pop(0))
     if config.logits.bias:
         runtime = dataclasses.replace(runtime, bias=rest.pop(0))
-    if not spec.is_structured:
+    if not (spec.is_structured or spec.bounds_from_lengths):
         runtime = dataclasses.replace(runtime, bounds=rest.pop(0))
     return leading, runtime, rest
 
