@@ -362,15 +362,16 @@ class MaskSpec:
         The same `TileBounds` as `bounds_from_classes` of `tile_classes` (each condition of
         `_length_classes` solved for the inner tile index), in closed form, so that a
         kernel forms them where it needs them."""
+        zero = np.int32(0)  # not 0: from Python ints Pallas built an ill-typed arith.maxsi (i32, i1) in Triton
         offset = 0 if self.top_left else kv_length - q_length
         left, right = self.left, self.right
         if transposed:
-            n, first = cdiv(self.q_len, block_q), tile * block_k
+            n, first = np.int32(cdiv(self.q_len, block_q)), tile * block_k
             end = first + block_k - 1
             last = jnp.minimum(end, kv_length - 1)
             # Rows i * block_q ... that see key `first` (right) and `last` (left).
             seen = first < kv_length
-            lo, hi = 0, _tile_cdiv(q_length, block_q)
+            lo, hi = zero, _tile_cdiv(q_length, block_q)
             if right is not None:
                 reach = first - offset - right  # the first row whose window reaches key `first`
                 seen &= q_length - 1 >= reach
@@ -381,7 +382,7 @@ class MaskSpec:
                 hi = jnp.minimum(hi, _tile_div(jnp.maximum(reach, 0), block_q) + 1)
             # Tiles whose every row (up to q_len) is within q_length and sees the whole tile.
             whole = end < kv_length
-            full_lo = 0 if right is None else _tile_cdiv(jnp.maximum(end - offset - right, 0), block_q)
+            full_lo = zero if right is None else _tile_cdiv(jnp.maximum(end - offset - right, 0), block_q)
             full_hi = jnp.where(q_length >= self.q_len, n, _tile_div(q_length, block_q))
             if left is not None:
                 reach = first - offset + left + 1
@@ -392,7 +393,7 @@ class MaskSpec:
             end = jnp.minimum(first + block_q, self.q_len) - 1
             last = jnp.minimum(end, q_length - 1)
             seen = first < q_length
-            lo, hi = 0, _tile_cdiv(kv_length, block_k)
+            lo, hi = zero, _tile_cdiv(kv_length, block_k)
             if left is not None:
                 reach = first + offset - left  # the first key row `first` sees
                 seen &= kv_length - 1 >= reach
@@ -402,12 +403,12 @@ class MaskSpec:
                 seen &= reach >= 0
                 hi = jnp.minimum(hi, _tile_div(jnp.maximum(reach, 0), block_k) + 1)
             whole = end < q_length
-            full_lo = 0 if left is None else _tile_cdiv(jnp.maximum(end + offset - left, 0), block_k)
+            full_lo = zero if left is None else _tile_cdiv(jnp.maximum(end + offset - left, 0), block_k)
             full_hi = _tile_div(kv_length, block_k)
             if right is not None:
                 full_hi = jnp.minimum(full_hi, _tile_div(jnp.maximum(first + offset + right + 1, 0), block_k))
         seen &= lo < hi
-        lo, hi = jnp.where(seen, lo, 0), jnp.where(seen, hi, 0)
+        lo, hi = jnp.where(seen, lo, zero), jnp.where(seen, hi, zero)
         whole &= full_lo < full_hi
         full_lo = jnp.where(whole, _clip(full_lo, lo, hi), lo)
         full_hi = jnp.where(whole, _clip(full_hi, full_lo, hi), full_lo)
