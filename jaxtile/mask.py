@@ -12,7 +12,9 @@ Positions and windows answer the tile-wise question from indices alone. Segment 
 a dense mask and per-sequence lengths are runtime arrays: :meth:`MaskSpec.tile_bounds`
 reduces them, in XLA before the loops run, to per-tile bounds that the span functions
 intersect with the positional ones, so packed documents, padding and partly filled
-caches skip the tiles they hide too. The API asks one more question before choosing a
+caches skip the tiles they hide too. Where lengths are the only runtime part, a kernel
+can form a tile's bounds itself from its sequence's two lengths
+(:meth:`MaskSpec.length_bounds`, the same bounds in closed form). The API asks one more question before choosing a
 call: is a dense mask really a causal mask with padding (:meth:`MaskSpec.recognise`)?
 
 Positions are bottom-right aligned, as in flash-attn and cuDNN: query row ``i`` sits at
