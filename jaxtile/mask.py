@@ -337,33 +337,31 @@ class MaskSpec:
 
     def _length_classes(self, block_q: int, block_k: int, lengths):
         """`tile_classes` of the lengths with the positions and windows they align,
-        ``[batch, 1, n_q_tiles, n_kv_tiles]``: a tile is `FULL` only if every key of it
-        (past the end of the keys too: interior tiles are loaded unmasked) and every row
-        up to ``q_len`` (rows past it are never stored, and contribute nothing to dK, dV)
-        is within the lengths and the window."""
-        q_length, kv_length = lengths[:, 0, None, None], lengths[:, 1, None, None]
-        offset = 0 if self.top_left else kv_length - q_length
-        first_row = (jnp.arange(cdiv(self.q_len, block_q), dtype=jnp.int32) * block_q)[None, :, None]
-        first_key = (jnp.arange(cdiv(self.kv_len, block_k), dtype=jnp.int32) * block_k)[None, None, :]
-        end_row, end_key = jnp.minimum(first_row + block_q, self.q_len) - 1, first_key + block_k - 1
-        last_row, last_key = jnp.minimum(end_row, q_length - 1), jnp.minimum(end_key, kv_length - 1)
-        seen = (first_row < q_length) & (first_key < kv_length)
-        full = (end_row < q_length) & (end_key < kv_length)
-        if self.left is not None:
-            seen &= last_key >= first_row + offset - self.left
-            full &= first_key >= end_row + offset - self.left
-        if self.right is not None:
-            seen &= first_key <= last_row + offset + self.right
-            full &= end_key <= first_row + offset + self.right
-        return jnp.where(seen, jnp.where(full, FULL, MASKED), SKIP)[:, None]
+        ``[batch, 1, n_q_tiles, n_kv_tiles]``, from `length_bounds`: the tiles a query
+        tile sees, and the tiles it sees whole, are each one run of key tiles."""
+        lo, full_lo, full_hi, hi = jnp.moveaxis(self._length_bounds(block_q, block_k, lengths, False), -1, 0)[..., None]
+        inner = jnp.arange(cdiv(self.kv_len, block_k), dtype=jnp.int32).reshape(1, 1, 1, -1)
+        full = (full_lo <= inner) & (inner < full_hi)
+        return jnp.where((lo <= inner) & (inner < hi), jnp.where(full, FULL, MASKED), SKIP)
+
+    def _length_bounds(self, block_q: int, block_k: int, lengths, transposed: bool):
+        """`length_bounds` of every tile of every sequence, from ``lengths [batch, 2]``:
+        ``[batch, 1, n_tiles, 4]`` int32."""
+        n = cdiv(self.kv_len, block_k) if transposed else cdiv(self.q_len, block_q)
+        tiles = jnp.arange(n, dtype=jnp.int32)[None]
+        bounds = self.length_bounds(tiles, block_q, block_k, lengths[:, :1], lengths[:, 1:], transposed=transposed)
+        return jnp.stack(jnp.broadcast_arrays(*bounds), axis=-1)[:, None]
 
     def length_bounds(self, tile, block_q: int, block_k: int, q_length, kv_length, *, transposed: bool = False):
-        """`tile_bounds` of a mask whose runtime part is lengths, for one tile of one
-        sequence, from its ``q_length`` and ``kv_length`` (int32 scalars): the key tiles
-        of query tile ``tile``, or with ``transposed`` the query tiles of key tile ``tile``.
-        The same `TileBounds` as `bounds_from_classes` of `tile_classes` (each condition of
-        `_length_classes` solved for the inner tile index), in closed form, so that a
-        kernel forms them where it needs them."""
+        """`TileBounds` of the lengths with the positions and windows they align, for
+        one tile of one sequence, from its ``q_length`` and ``kv_length`` (int32 scalars,
+        or arrays of ``tile``'s rank to broadcast with it): the key tiles of query tile ``tile``, or with
+        ``transposed`` the query tiles of key tile ``tile``. A tile is visited if one of
+        its pairs is visible, and unmasked only if every key of it (past the end of the
+        keys too: interior tiles are loaded unmasked) and every row up to ``q_len`` (rows
+        past it are never stored, and contribute nothing to dK, dV) is within the lengths
+        and the window. In closed form, so that a kernel forms them where it needs them;
+        `tile_bounds` and `tile_classes` derive theirs from it."""
         zero = np.int32(0)  # not 0: from Python ints Pallas built an ill-typed arith.maxsi (i32, i1) in Triton
         offset = 0 if self.top_left else kv_length - q_length
         left, right = self.left, self.right
@@ -423,6 +421,8 @@ class MaskSpec:
         runtime part (or `every_tile` visits them all)."""
         if self.is_structured or self.every_tile:
             return None
+        if self.bounds_from_lengths:
+            return self._length_bounds(block_q, block_k, runtime["lengths"], transposed)
         classes = self.tile_classes(block_q, block_k, **runtime)
         return bounds_from_classes(jnp.swapaxes(classes, -1, -2) if transposed else classes)
 

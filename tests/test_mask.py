@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import itertools
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -235,12 +233,30 @@ def test_length_spans_cover_exactly_the_visible_tiles(q_len, kv_len, causal, win
     _check_runtime_spans(spec, vis, bq, bk, dict(lengths=lengths))
 
 
-@pytest.mark.parametrize("transposed", [False, True], ids=["kv_spans", "q_spans"])
+def _runs(seen: np.ndarray, whole: np.ndarray) -> np.ndarray:
+    """``(lo, full_lo, full_hi, hi) [..., 4]`` of tiles ``seen`` and ``whole [..., n]``,
+    each asserted to be one run (``(lo, lo)`` where none is)."""
+    idx = np.arange(seen.shape[-1])
+
+    def run(x, default):
+        lo = np.where(x.any(-1), x.argmax(-1), default)
+        hi = np.where(x.any(-1), len(idx) - x[..., ::-1].argmax(-1), lo)
+        np.testing.assert_array_equal(x, (idx >= lo[..., None]) & (idx < hi[..., None]))
+        return lo, hi
+
+    lo, hi = run(seen, 0)
+    full_lo, full_hi = run(whole, lo)
+    return np.stack([lo, full_lo, full_hi, hi], axis=-1)
+
+
 @pytest.mark.parametrize("q_len,kv_len,causal,window,bq,bk,top_left", ALIGNED[::6])
-def test_length_bounds_are_the_tile_bounds_of_lengths(q_len, kv_len, causal, window, bq, bk, top_left, transposed):
-    """What a kernel forms from two lengths (`MaskSpec.length_bounds`) is what
-    `MaskSpec.tile_bounds` computes from the array of them, for every tile and every
-    pair of lengths up to the sequences' (every pair where they are short)."""
+def test_length_bounds_are_exactly_the_visible_tiles(q_len, kv_len, causal, window, bq, bk, top_left):
+    """`MaskSpec.length_bounds` (through `tile_bounds`, both loop directions) against
+    brute force for every pair of lengths up to the sequences' (400 random pairs where
+    they are long): a tile is visited iff one of its pairs is visible, and unmasked iff
+    every pair is (rows up to ``q_len``; keys up to the tile's end). The tiles each
+    direction visits, and those it visits whole, are one run, as the kernels' loops
+    and `tile_classes` (derived from these bounds) assume."""
     spec = MaskSpec.create(q_len, kv_len, causal=causal, window=window, has_lengths=True, top_left=top_left)
     assert spec.bounds_from_lengths
     rng = np.random.default_rng(q_len * 1000 + kv_len + bq)
@@ -249,14 +265,23 @@ def test_length_bounds_are_the_tile_bounds_of_lengths(q_len, kv_len, causal, win
         list(pairs) if (q_len + 1) * (kv_len + 1) <= 400 else rng.integers(0, [q_len + 1, kv_len + 1], (400, 2))
     )
     lengths = np.concatenate([lengths, [[q_len, kv_len], [0, 0]]]).astype(np.int32)
-    expected = np.asarray(spec.tile_bounds(bq, bk, transposed=transposed, lengths=lengths))[:, 0]
-    tiles = np.arange(expected.shape[1], dtype=np.int32)
-
-    def bounds(q_length, kv_length):
-        return jnp.stack(spec.length_bounds(tiles, bq, bk, q_length, kv_length, transposed=transposed), axis=-1)
-
-    got = jax.jit(jax.vmap(bounds))(lengths[:, 0], lengths[:, 1])
-    np.testing.assert_array_equal(got, expected)
+    q_lengths, kv_lengths = lengths[:, :1, None], lengths[:, 1:, None]
+    rows, keys = np.arange(q_len)[:, None], np.arange(kv_len)[None, :]
+    pos = rows if top_left else rows + kv_lengths - q_lengths
+    vis = (rows < q_lengths) & (keys < kv_lengths)
+    vis &= True if spec.left is None else keys >= pos - spec.left
+    vis &= True if spec.right is None else keys <= pos + spec.right
+    n_q, n_kv = -(-q_len // bq), -(-kv_len // bk)
+    # Rows past q_len count as visible for `all` (never stored), keys past kv_len as hidden.
+    padded = np.pad(vis, ((0, 0), (0, n_q * bq - q_len), (0, 0)), constant_values=True)
+    padded = np.pad(padded, ((0, 0), (0, 0), (0, n_kv * bk - kv_len)), constant_values=False)
+    tiles = padded.reshape(len(lengths), n_q, bq, n_kv, bk).transpose(0, 1, 3, 2, 4)
+    real_row = np.arange(n_q * bq).reshape(n_q, 1, bq, 1) < q_len
+    seen, whole = (tiles & real_row).any(axis=(-2, -1)), tiles.all(axis=(-2, -1))
+    for transposed in (False, True):
+        got = np.asarray(spec.tile_bounds(bq, bk, transposed=transposed, lengths=lengths))[:, 0]
+        flip = (lambda x: np.swapaxes(x, -1, -2)) if transposed else (lambda x: x)
+        np.testing.assert_array_equal(got, _runs(flip(seen), flip(whole)), err_msg=f"{transposed=}")
 
 
 def test_decode_over_a_partly_filled_cache_visits_only_its_tiles():

@@ -358,13 +358,16 @@ class RuntimeMask:
     bias: object = None
     bounds: object = None
 
+    def lengths_of(self, b):
+        """Batch element ``b``'s ``(q_length, kv_length)`` scalars."""
+        return self.lengths[b, 0], self.lengths[b, 1]
+
     def spans(self, spec: MaskSpec, b, h, tile, along_q: bool, block_q: int, block_k: int):
         """`MaskSpec.kv_spans` (``along_q=False``: the key tiles of query tile ``tile``)
         or `MaskSpec.q_spans`, with this call's runtime bounds (formed here from the
         sequence's lengths where they are the only runtime part)."""
         if spec.bounds_from_lengths:
-            lengths = (self.lengths[b, 0], self.lengths[b, 1])
-            bounds = spec.length_bounds(tile, block_q, block_k, *lengths, transposed=along_q)
+            bounds = spec.length_bounds(tile, block_q, block_k, *self.lengths_of(b), transposed=along_q)
         else:
             bounds = None if self.bounds is None else load_bounds(self.bounds, b, h, tile)
         if along_q:
@@ -384,7 +387,7 @@ class RuntimeMask:
         check_bounds = spec.kv_len % block_k != 0
         q_seg = kv_seg = dense = lengths = None
         if spec.has_lengths:
-            lengths = (self.lengths[b, 0], self.lengths[b, 1])
+            lengths = self.lengths_of(b)
         if spec.has_segments:
             q_seg = plgpu.load(self.q_segment_ids.at[b, pl.ds(q_start, n)], mask=positions < spec.q_len, other=-1)
             if pack > 1:
