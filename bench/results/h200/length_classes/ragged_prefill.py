@@ -4,10 +4,12 @@
 tile bounds come from `MaskSpec.tile_bounds` in XLA before the kernel. Run once per
 version, each from its own directory (it prints the ``jaxtile`` it imported). Queries
 and keys share each sequence's length, so cuDNN's top-left causal mask is jaxtile's.
-Usage: PYTHONPATH=. python ragged_prefill.py"""
+Usage: PYTHONPATH=. python ragged_prefill.py [PASSES [CASE:MODE ...]] (default: 2 passes,
+every case and mode)."""
 
 import dataclasses
 import json
+import sys
 from pathlib import Path
 
 import jax
@@ -26,7 +28,7 @@ CASES = (
 )
 
 
-def main():
+def main(passes: int = 2, only: tuple[str, ...] = ()):
     stamp = json.loads(Path("VERSION.json").read_text()) if Path("VERSION.json").exists() else {}
     print(jaxtile.__file__, stamp.get("commit"), jax.__version__, jax.devices()[0].device_kind, flush=True)
     base = next(s for s in check.SHAPES if s.name == "documents_8x2k_causal_16k")
@@ -46,7 +48,9 @@ def main():
             ),
         }
         for mode in ("fwd", "fwdbwd"):
-            ms = check.timed_passes(variants, shape, mode, passes=2)
+            if only and f"{name}:{mode}" not in only:
+                continue
+            ms = check.timed_passes(variants, shape, mode, passes=passes)
             mine, theirs = min(x for x in ms["jaxtile"] if x), min((x for x in ms["cudnn"] if x), default=None)
             text = "  ".join(
                 f"{label} {','.join(f'{x:.4f}' if x else 'err' for x in runs)}" for label, runs in ms.items()
@@ -56,4 +60,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 2, tuple(sys.argv[2:]))
