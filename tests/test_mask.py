@@ -206,31 +206,57 @@ def test_packed_documents_visit_only_their_own_tiles():
     assert visited == docs * per_doc * (per_doc + 1) // 2
 
 
+def _lengths_visible(spec: MaskSpec, lengths: np.ndarray) -> np.ndarray:
+    """By definition: ``[batch, q_len, kv_len]`` visibility of ``spec``'s positions and
+    window with per-sequence ``lengths [batch, 2]`` (no other runtime part)."""
+    q_lengths, kv_lengths = lengths[:, :1, None], lengths[:, 1:, None]
+    pos, keys = _positions(spec, q_lengths, kv_lengths), np.arange(spec.kv_len)[None, :]
+    vis = (np.arange(spec.q_len)[:, None] < q_lengths) & (keys < kv_lengths)
+    vis &= True if spec.left is None else keys >= pos - spec.left
+    vis &= True if spec.right is None else keys <= pos + spec.right
+    return vis
+
+
+def _random_lengths(rng, q_len: int, kv_len: int) -> np.ndarray:
+    """``[5, 2]``: one sequence full, one with no keys, three random."""
+    q_lengths = np.concatenate([[q_len, q_len], rng.integers(0, q_len + 1, size=3)])
+    kv_lengths = np.concatenate([[kv_len, 0], rng.integers(0, kv_len + 1, size=3)])
+    return np.stack([q_lengths, kv_lengths], axis=-1).astype(np.int32)
+
+
 @pytest.mark.parametrize("q_len,kv_len,causal,window,bq,bk,top_left", ALIGNED[1::9])
 def test_length_spans_cover_exactly_the_visible_tiles(q_len, kv_len, causal, window, bq, bk, top_left):
-    """Per-sequence lengths (one sequence full, one empty, the others random) with
-    positions aligned to them (or top-left): both loop directions against brute force."""
+    """Per-sequence lengths with positions aligned to them (or top-left): `visible` by
+    definition, and both loop directions against brute force."""
     rng = np.random.default_rng(q_len * 1000 + kv_len + 2)
     spec = MaskSpec.create(q_len, kv_len, causal=causal, window=window, has_lengths=True, top_left=top_left)
-    q_lengths = np.concatenate([[q_len, q_len], rng.integers(0, q_len + 1, size=3)]).astype(np.int32)
-    kv_lengths = np.concatenate([[kv_len, 0], rng.integers(0, kv_len + 1, size=3)]).astype(np.int32)
-    lengths = np.stack([q_lengths, kv_lengths], axis=-1)
+    lengths = _random_lengths(rng, q_len, kv_len)
     vis = np.asarray(
         spec.visible(
             np.arange(q_len)[None, :, None],
             np.arange(kv_len)[None, None, :],
-            lengths=(q_lengths[:, None, None], kv_lengths[:, None, None]),
+            lengths=(lengths[:, 0, None, None], lengths[:, 1, None, None]),
         )
-    )[:, None]
-    for b in range(len(lengths)):
-        pos = _positions(spec, q_lengths[b], kv_lengths[b])
-        keys = np.arange(kv_len)[None, :]
-        expected = (np.arange(q_len)[:, None] < q_lengths[b]) & (keys < kv_lengths[b])
-        left, right = spec.left, spec.right
-        expected &= True if left is None else keys >= pos - left
-        expected &= True if right is None else keys <= pos + right
-        np.testing.assert_array_equal(vis[b, 0], expected)
-    _check_runtime_spans(spec, vis, bq, bk, dict(lengths=lengths))
+    )
+    np.testing.assert_array_equal(vis, _lengths_visible(spec, lengths))
+    _check_runtime_spans(spec, vis[:, None], bq, bk, dict(lengths=lengths))
+
+
+@pytest.mark.parametrize("q_len,kv_len,causal,window,bq,bk,top_left", ALIGNED[2::13])
+def test_segment_and_length_spans_cover_the_visible_tiles(q_len, kv_len, causal, window, bq, bk, top_left):
+    """Packed documents in sequences of their own lengths (the tile classes of lengths,
+    derived from `MaskSpec.length_bounds`, with those of the segment ids): both loop
+    directions against brute force."""
+    rng = np.random.default_rng(q_len * 1000 + kv_len + 3)
+    spec = MaskSpec.create(
+        q_len, kv_len, causal=causal, window=window, has_segments=True, has_lengths=True, top_left=top_left
+    )
+    lengths = _random_lengths(rng, q_len, kv_len)
+    q_ids = _packed_ids(rng, len(lengths), q_len, 3, shuffled=False)
+    kv_ids = q_ids if q_len == kv_len else _packed_ids(rng, len(lengths), kv_len, 3, shuffled=False)
+    vis = _lengths_visible(spec, lengths) & (q_ids[:, :, None] == kv_ids[:, None, :])
+    runtime = dict(q_segment_ids=q_ids, kv_segment_ids=kv_ids, lengths=lengths)
+    _check_runtime_spans(spec, vis[:, None], bq, bk, runtime)
 
 
 def _runs(seen: np.ndarray, whole: np.ndarray) -> np.ndarray:
@@ -265,12 +291,7 @@ def test_length_bounds_are_exactly_the_visible_tiles(q_len, kv_len, causal, wind
         list(pairs) if (q_len + 1) * (kv_len + 1) <= 400 else rng.integers(0, [q_len + 1, kv_len + 1], (400, 2))
     )
     lengths = np.concatenate([lengths, [[q_len, kv_len], [0, 0]]]).astype(np.int32)
-    q_lengths, kv_lengths = lengths[:, :1, None], lengths[:, 1:, None]
-    rows, keys = np.arange(q_len)[:, None], np.arange(kv_len)[None, :]
-    pos = rows if top_left else rows + kv_lengths - q_lengths
-    vis = (rows < q_lengths) & (keys < kv_lengths)
-    vis &= True if spec.left is None else keys >= pos - spec.left
-    vis &= True if spec.right is None else keys <= pos + spec.right
+    vis = _lengths_visible(spec, lengths)
     n_q, n_kv = -(-q_len // bq), -(-kv_len // bk)
     # Rows past q_len count as visible for `all` (never stored), keys past kv_len as hidden.
     padded = np.pad(vis, ((0, 0), (0, n_q * bq - q_len), (0, 0)), constant_values=True)
