@@ -339,7 +339,8 @@ class MaskSpec:
         """`tile_classes` of the lengths with the positions and windows they align,
         ``[batch, 1, n_q_tiles, n_kv_tiles]``, from `length_bounds`: the tiles a query
         tile sees, and the tiles it sees whole, are each one run of key tiles."""
-        lo, full_lo, full_hi, hi = jnp.moveaxis(self._length_bounds(block_q, block_k, lengths, False), -1, 0)[..., None]
+        bounds = self._length_bounds(block_q, block_k, lengths, False)
+        lo, full_lo, full_hi, hi = (bounds[..., i, None] for i in range(4))
         inner = jnp.arange(cdiv(self.kv_len, block_k), dtype=jnp.int32).reshape(1, 1, 1, -1)
         full = (full_lo <= inner) & (inner < full_hi)
         return jnp.where((lo <= inner) & (inner < hi), jnp.where(full, FULL, MASKED), SKIP)
