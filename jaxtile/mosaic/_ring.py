@@ -100,16 +100,10 @@ def load_tile(ref):
     return _load(ref, plgpu.Layout.WGMMA)
 
 
-def load_global_tile(ref):
-    """A ``wgmma``-layout tile straight from global memory (each thread reading its own
-    elements: for a tile read once, where a copy through shared memory would need room)."""
-    return _load(ref, plgpu.Layout.WGMMA, optimized=False)
-
-
-def _load(ref, layout, optimized: bool = True):
+def _load(ref, layout):
     if _load_takes_index():
-        return plgpu.load(ref, (), layout=layout, optimized=optimized)
-    return plgpu.load(ref, layout=layout, optimized=optimized)
+        return plgpu.load(ref, (), layout=layout)
+    return plgpu.load(ref, layout=layout)
 
 
 def rows_of(ref, b, rows, h):

@@ -13,10 +13,9 @@ programs (no atomics: bitwise deterministic):
 Each runs two consumer warpgroups (64 rows of the program's tile each, the rows one
 ``wgmma`` computes) fed by a producer warpgroup's ring of TMA copies (`_ring`). Past
 head dim 128 the consumers divide the work by role instead (`_roles`). ``P`` is
-recomputed from the forward's lse (base 2). ``D = rowsum(dO ∘ O)`` (line 4) is formed
-by the dQ kernel, which runs first, from the ``dO_i`` it holds (no pass of its own over
-O and dO), and read by dK/dV. Only the spans marked masked pay for ``MaskSpec.visible``,
-and only they load a dense mask's tiles (dK/dV reads a transposed copy; with a mask per
+recomputed from the forward's lse (base 2), and ``D = rowsum(dO ∘ O)`` comes in
+precomputed (line 4). Only the spans marked masked pay for ``MaskSpec.visible``, and
+only they load a dense mask's tiles (dK/dV reads a transposed copy; with a mask per
 head, a program visits the union of its group's spans).
 """
 
@@ -98,10 +97,9 @@ class BackwardTuning:
         return padded(q_len, CONSUMERS * self.block_q), padded(kv_len, math.lcm(CONSUMERS * self.block_k, self.dq_keys))
 
     def shared_memory(self, head_dim: int, head_dim_v: int, itemsize: int, dense: bool = False) -> int:
-        """Bytes of the larger kernel's tiles: the rows its programs own (in dQ, O_i too
-        where there are no roles) and its ring (with a ``dense`` mask, its int8 tiles of
-        all the program's rows too); in dK/dV, the float32 parts of dK, dV of a share
-        reuse the memory of both."""
+        """Bytes of the larger kernel's tiles: the rows its programs own and its ring (with
+        a ``dense`` mask, its int8 tiles of all the program's rows too); in dK/dV, the
+        float32 parts of dK, dV of a share reuse the memory of both."""
         roles = _roles(head_dim, head_dim_v)
         width = (head_dim + head_dim_v) * itemsize
         stats = 3 * 4  # L_i, D_i and a segment id per query row
@@ -109,8 +107,7 @@ class BackwardTuning:
         tiles = keys * width + self.num_stages * self.block_q * (width + stats + (keys if dense else 0))
         dkdv = max(tiles, keys * (head_dim + head_dim_v) * 4) + keys * 4  # the parts reuse the tiles
         own_rows = _tiles(roles) * self.block_q
-        own = width + stats + (0 if roles else head_dim_v * itemsize)  # O_i, for D_i (`_dq_kernel`)
-        dq = own_rows * own + self.num_stages * self.dq_keys * (width + 4 + (own_rows if dense else 0))
+        dq = own_rows * (width + stats) + self.num_stages * self.dq_keys * (width + 4 + (own_rows if dense else 0))
         return max(dkdv, dq)
 
     def registers(self, head_dim: int, head_dim_v: int) -> int:
@@ -206,9 +203,8 @@ def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning, roles: bool):
     (the ring's slots alternate between them), each summing its part of ``dQ_i``; the
     second's part reaches the first through shared memory once both are done, and is
     added in that order (deterministic). ``refs``: the operands, the runtime parts of the
-    mask the call has (`_ring.runtime_operands`), dq, D and the shared memory. The
-    operands are those of `_dkdv_kernel` with the lse's cotangent in D's place, and O."""
-    q_ref, k_ref, v_ref, do_ref, lse2_ref, dlse_ref, o_ref, *runtime, dq_ref, delta_ref, scoped = refs
+    mask the call has (`_ring.runtime_operands`), dq and the shared memory."""
+    q_ref, k_ref, v_ref, do_ref, lse2_ref, delta_ref, *runtime, dq_ref, scoped = refs
     ids, lengths_ref, dense_ref, bounds_ref = _ring.runtime_refs(spec, runtime)
     (own, ring), (own_ready, ready, free, done, handed) = scoped
     ring, (part,) = ring if roles else (ring, (None,))
@@ -225,24 +221,17 @@ def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning, roles: bool):
         plgpu.set_max_registers(_ring.CONSUMER_REGISTERS, action="increase")
         tile = lax.div(wg, jnp.int32(CONSUMERS // _tiles(roles)))  # with roles, both consumers' tile 0
         row0 = t * rows + tile * bq
-        # Q_i, dO_i, L_i, the lse's cotangent (and the rows' segment ids; and O_i, but
-        # with roles, whose shared memory has no room for it), loaded once.
-        sources = (q_ref, do_ref, lse2_ref, dlse_ref, *ids[:1], *([] if roles else [o_ref]))
+        # Q_i, dO_i, L_i, D_i (and the rows' segment ids), loaded once.
+        sources = (q_ref, do_ref, lse2_ref, delta_ref, *ids[:1])
         sources = [_ring.rows_of(ref, b, pl.ds(row0, bq), h) for ref in sources]
         copy = functools.partial(_ring.copy_own, sources, own, own_ready, tile)
         if roles:
             pl.when(wg == 0)(copy)
-            # Read straight from global memory while the copies land.
-            o_i = _ring.load_global_tile(o_ref.at[b, pl.ds(row0, bq), h])
         else:
             copy()
         _ring.wait_own(own_ready, tile)
         q_i, do_i = own[0].at[tile], own[1].at[tile]
-        lse2, dlse = _ring.load_stat(own[2].at[tile], 0), _ring.load_stat(own[3].at[tile], 0)
-        if not roles:
-            o_i = _ring.load_tile(own[-1].at[tile])
-        # Line 4: D_i = rowsum(dO_i ∘ O_i), less the lse's cotangent.
-        delta = jnp.sum(_ring.load_tile(do_i).astype(jnp.float32) * o_i.astype(jnp.float32), axis=1) - dlse
+        lse2, delta = _ring.load_stat(own[2].at[tile], 0), _ring.load_stat(own[3].at[tile], 0)
         q_segment = _ring.load_stat(own[4].at[tile], 0) if spec.has_segments else None
         lengths = _ring.read_lengths(lengths_ref, b)
 
@@ -295,10 +284,8 @@ def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning, roles: bool):
                 plgpu.barrier_wait(handed)
                 dq_i = dq_i + _ring.load_tile(part)
             q_i[...] = dq_i.astype(dq_ref.dtype)
-            own[3].at[tile][...] = delta  # the cotangent's tile, read by now
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(q_i, dq_ref.at[b, pl.ds(row0, bq), h])
-            plgpu.copy_smem_to_gmem(own[3].at[tile], _ring.rows_of(delta_ref, b, pl.ds(row0, bq), h))
             plgpu.wait_smem_to_gmem(0)
 
         if roles:
@@ -449,15 +436,14 @@ def _splits(dims: Shape, tuning: BackwardTuning) -> int:
 
 def backward_temporaries(shape: Shape, tuning: BackwardTuning) -> int:
     """Bytes `backward_pass` holds besides its inputs and results: D and the base-2 lse (a
-    float32 row each), zero-padded copies of the operands, the output and the gradients
-    where the sequences or head dims are not multiples of the tiles, and with shares of
-    the query heads (`Shape.head_shares`) the float32 parts of dK and dV."""
+    float32 row each), zero-padded copies of the operands and gradients where the
+    sequences or head dims are not multiples of the tiles, and with shares of the query
+    heads (`Shape.head_shares`) the float32 parts of dK and dV."""
     head_dim, head_dim_v = padded(shape.head_dim, WGMMA_ROWS), padded(shape.head_dim_v, WGMMA_ROWS)
     q_len, kv_len = tuning.padded_lengths(shape.q_len, shape.kv_len)
     rows = 2 * shape.batch * shape.num_heads * q_len * 4
-    big = dataclasses.replace(shape, q_len=q_len, kv_len=kv_len, head_dim=head_dim, head_dim_v=head_dim_v)
     copies = _ring.padded_copies(shape, q_len, kv_len, head_dim, head_dim_v)
-    copies += big.q_bytes(head_dim_v) if copies else 0  # the output, for D
+    big = dataclasses.replace(shape, kv_len=kv_len, head_dim=head_dim, head_dim_v=head_dim_v)
     splits = _splits(big, tuning)
     parts = 0 if splits == 1 else splits * (big.kv_bytes(head_dim, 4) + big.kv_bytes(head_dim_v, 4))
     return rows + copies + parts
@@ -472,45 +458,23 @@ def backward_pass(inputs: Inputs, out, lse, dout, dlse, config: Config, tuning: 
     head_dim, head_dim_v = padded(dims.head_dim, WGMMA_ROWS), padded(dims.head_dim_v, WGMMA_ROWS)
     bq, bk, stages = tuning.block_q, tuning.block_k, tuning.num_stages
     q_len, kv_len = tuning.padded_lengths(dims.q_len, dims.kv_len)
-    # L_i in base 2; D_i is the dQ kernel's (line 4), from O and the lse's cotangent.
+    # Line 4: D_i = rowsum(dO_i ∘ O_i), less the lse's cotangent; L_i in base 2.
+    delta = jnp.einsum("bthd,bthd->bht", dout.astype(jnp.float32), out.astype(jnp.float32)) - dlse
     lse2 = pad_to(sm.lse_base2(lse), 2, q_len, jnp.inf)
-    dlse = pad_to(dlse, 2, q_len)
+    delta = pad_to(delta, 2, q_len)
     q = pad_to(pad_to(inputs.q, 3, head_dim), 1, q_len)
-    do, o = (pad_to(pad_to(x, 3, head_dim_v), 1, q_len) for x in (dout, out))
+    do = pad_to(pad_to(dout, 3, head_dim_v), 1, q_len)
     k = pad_to(pad_to(inputs.k, 3, head_dim), 1, kv_len)
     v = pad_to(pad_to(inputs.v, 3, head_dim_v), 1, kv_len)
     dims_p = dataclasses.replace(dims, q_len=q_len, kv_len=kv_len, head_dim=head_dim, head_dim_v=head_dim_v)
     statics = dict(spec=config.mask, logits=config.logits, dims=dims_p, tuning=tuning)
-    dtype, mask = q.dtype, config.mask
+    dtype, operands, mask = q.dtype, (q, k, v, do, lse2, delta), config.mask
 
     roles = _roles(head_dim, head_dim_v)
     tiles = _tiles(roles)
 
     def own_tiles(rows):  # the program's tiles of its rows: 2 dims (or heads)
         return (smem(dtype, tiles, rows, head_dim), smem(dtype, tiles, rows, head_dim_v))
-
-    # dQ: each consumer's Q_i, dO_i, L_i, the lse's cotangent (then D_i) (and the rows'
-    # ids; O_i without roles); a ring of K_j, V_j (and the keys' ids, the dense mask's tiles).
-    dq_bk = tuning.dq_keys
-    own = (*own_tiles(bq), plgpu.SMEM((tiles, bq), jnp.float32), plgpu.SMEM((tiles, bq), jnp.float32))
-    own += _ring.segment_tiles(mask, tiles, bq) + (() if roles else (smem(dtype, tiles, bq, head_dim_v),))
-    ring = (smem(dtype, stages, dq_bk, head_dim), smem(dtype, stages, dq_bk, head_dim_v))
-    ring += _ring.segment_tiles(mask, stages, dq_bk) + _ring.dense_tiles(mask, stages, tiles * bq, dq_bk)
-    barriers = (_ring.own_barriers(own), *_ring.ring_barriers(ring, 1 if roles else CONSUMERS))
-    if roles:  # one consumer frees each slot; the second's float32 part of dQ_i reuses the ring
-        barriers += (plgpu.Barrier(num_arrivals=CONSUMERS), plgpu.Barrier(num_arrivals=1))
-        ring = plgpu.RefUnion(ring, (smem(jnp.float32, bq, head_dim),))
-    else:
-        barriers += (None, None)
-    dq, delta = _ring.launch(
-        functools.partial(_dq_kernel, roles=roles, **statics),
-        (q, k, v, do, lse2, dlse, o, *_ring.runtime_operands(inputs, mask, q_len, kv_len, tiles * bq, dq_bk)),
-        (jax.ShapeDtypeStruct(q.shape, dtype), jax.ShapeDtypeStruct(lse2.shape, jnp.float32)),
-        (dims.num_heads, q_len // (tiles * bq), dims.batch),
-        ("heads", "q_tiles", "batch"),
-        CONSUMERS,
-        ((own, ring), barriers),
-    )
 
     # dK/dV: the consumers' K_j, V_j (and the keys' ids); a ring of Q_i, dO_i, L_i, D_i
     # (and the queries' ids, the dense mask's tiles).
@@ -527,7 +491,7 @@ def backward_pass(inputs: Inputs, out, lse, dout, dlse, config: Config, tuning: 
     part = jnp.float32 if splits > 1 else dtype
     dk, dv = _ring.launch(
         functools.partial(_dkdv_kernel, splits=splits, roles=roles, **statics),
-        (q, k, v, do, lse2, delta, *_ring.runtime_operands(inputs, mask, q_len, kv_len, bq, tiles * bk, True)),
+        (*operands, *_ring.runtime_operands(inputs, mask, q_len, kv_len, bq, tiles * bk, True)),
         tuple(jax.ShapeDtypeStruct((dims.batch, kv_len, shares, x.shape[-1]), part) for x in (k, v)),
         (shares, kv_len // (tiles * bk), dims.batch),  # heads fastest, as the forward's
         ("shares", "kv_tiles", "batch"),
@@ -546,6 +510,28 @@ def backward_pass(inputs: Inputs, out, lse, dout, dlse, config: Config, tuning: 
             jnp.sum(x.reshape(*x.shape[:2], dims.num_kv_heads, splits, x.shape[-1]), axis=3).astype(dtype)
             for x in (dk, dv)
         )
+    # dQ: each consumer's Q_i, dO_i, L_i, D_i (and the rows' ids); a ring of K_j, V_j (and
+    # the keys' ids, the dense mask's tiles).
+    dq_bk = tuning.dq_keys
+    own = (*own_tiles(bq), plgpu.SMEM((tiles, bq), jnp.float32), plgpu.SMEM((tiles, bq), jnp.float32))
+    own += _ring.segment_tiles(mask, tiles, bq)
+    ring = (smem(dtype, stages, dq_bk, head_dim), smem(dtype, stages, dq_bk, head_dim_v))
+    ring += _ring.segment_tiles(mask, stages, dq_bk) + _ring.dense_tiles(mask, stages, tiles * bq, dq_bk)
+    barriers = (_ring.own_barriers(own), *_ring.ring_barriers(ring, 1 if roles else CONSUMERS))
+    if roles:  # one consumer frees each slot; the second's float32 part of dQ_i reuses the ring
+        barriers += (plgpu.Barrier(num_arrivals=CONSUMERS), plgpu.Barrier(num_arrivals=1))
+        ring = plgpu.RefUnion(ring, (smem(jnp.float32, bq, head_dim),))
+    else:
+        barriers += (None, None)
+    (dq,) = _ring.launch(
+        functools.partial(_dq_kernel, roles=roles, **statics),
+        (*operands, *_ring.runtime_operands(inputs, mask, q_len, kv_len, tiles * bq, dq_bk)),
+        (jax.ShapeDtypeStruct(q.shape, dtype),),
+        (dims.num_heads, q_len // (tiles * bq), dims.batch),
+        ("heads", "q_tiles", "batch"),
+        CONSUMERS,
+        ((own, ring), barriers),
+    )
     crop = (slice(None), slice(None, dims.q_len), slice(None))
     keys = (slice(None), slice(None, dims.kv_len), slice(None))
     return (
