@@ -29,6 +29,21 @@ def _stacked(attention, config):
     return lambda inputs: attention(inputs, config)[0]
 
 
+def in_turn(title: str, variants: dict) -> None:
+    """Times each of ``variants`` (``{name: (fn, args)}``, cuDNN's named "cudnn") in turn,
+    `PASSES` times, and prints each one's median, the passes' range and cuDNN's ratio."""
+    ms = {name: [] for name in variants}
+    for _ in range(PASSES):
+        for name, (fn, args) in variants.items():
+            ms[name].append(time_jitted(fn, args, 0.5).ms)
+    median = {name: statistics.median(times) for name, times in ms.items()}
+    print(f"== {title}")
+    for name, times in ms.items():
+        spread = f"{min(times) * 1e3:.1f}-{max(times) * 1e3:.1f}"
+        ratio = median["cudnn"] / median[name]
+        print(f"  {name:9s} {median[name] * 1e3:7.1f} us (passes {spread})  cuDNN / this {ratio:.3f}")
+
+
 def main():
     print("jaxtile from", jaxtile.__file__, "on", jax.devices()[0].device_kind, "jax", jax.__version__)
     for case in CASES:
@@ -55,17 +70,7 @@ def main():
             "stacked": (_stacked(attention, config), [inputs]),
             "cudnn": (bd._cudnn, [q, k, v, lengths]),
         }
-        ms = {name: [] for name in variants}
-        for _ in range(PASSES):
-            for name, (fn, args) in variants.items():
-                ms[name].append(time_jitted(fn, args, 0.5).ms)
-        median = {name: statistics.median(times) for name, times in ms.items()}
-        print(f"== {case.name} ragged, {chosen.name}")
-        for name, times in ms.items():
-            spread = f"{min(times) * 1e3:.1f}-{max(times) * 1e3:.1f}"
-            print(
-                f"  {name:8s} {median[name] * 1e3:7.1f} us (passes {spread})  cuDNN / this {median['cudnn'] / median[name]:.3f}"
-            )
+        in_turn(f"{case.name} ragged, {chosen.name}", variants)
 
 
 if __name__ == "__main__":

@@ -7,14 +7,13 @@ finer shares even out caches of uneven length (``kv_lengths`` uniform in
 """
 
 import functools
-import statistics
 
 import jax
 import jax.numpy as jnp
+from prelude_cost import in_turn  # this folder's: the variants timed in turn
 
 import jaxtile
 from bench import decode as bd
-from bench.check import time_jitted
 from jaxtile.triton import decode
 
 CASES = (bd.Case(64, 1, 4096), bd.Case(8, 1, 32768), bd.Case(1, 1, 131072))
@@ -23,7 +22,6 @@ SHARES = {
     bd.Case(8, 1, 32768): (1, 2, 3, 4, 6),
     bd.Case(1, 1, 131072): (8, 16, 24, 32),
 }
-PASSES = 6
 
 
 def _shared(q, k, v, kv_lengths, *, shares):
@@ -40,20 +38,10 @@ def main():
     print("jaxtile from", jaxtile.__file__, "on", jax.devices()[0].device_kind, "jax", jax.__version__)
     for case in CASES:
         q, k, v = bd._inputs(case)
-        lengths = jnp.asarray(bd._kv_lengths(case))
         variants = {"default": _default, "cudnn": bd._cudnn}
         variants |= {f"shares={s}": functools.partial(_shared, shares=s) for s in SHARES[case]}
-        ms = {name: [] for name in variants}
-        for _ in range(PASSES):
-            for name, fn in variants.items():
-                ms[name].append(time_jitted(fn, [q, k, v, lengths], 0.5).ms)
-        median = {name: statistics.median(times) for name, times in ms.items()}
-        print(f"== {case.name} ragged")
-        for name, times in ms.items():
-            spread = f"{min(times) * 1e3:.1f}-{max(times) * 1e3:.1f}"
-            print(
-                f"  {name:9s} {median[name] * 1e3:7.1f} us (passes {spread})  cuDNN / this {median['cudnn'] / median[name]:.3f}"
-            )
+        args = [q, k, v, jnp.asarray(bd._kv_lengths(case))]
+        in_turn(f"{case.name} ragged", {name: (fn, args) for name, fn in variants.items()})
 
 
 if __name__ == "__main__":

@@ -11,6 +11,6 @@ timeout 200 python -m pytest -q -p no:cacheprovider -n 12 tests/test_mosaic.py -
 timeout 150 python -m pytest -q -p no:cacheprovider -n 12 tests/test_autodiff.py tests/test_determinism.py \
     tests/test_correctness.py -k mosaic 2>&1 |
     tee "$out/gpu_tests_gradients.log" | tail -3
-timeout 230 python -m bench.ab out/base . --only d64_4k_full d64_4k_causal d128_4k d64_16k d128_16k \
+timeout 230 python -m bench.ab out/base . --only d64_4k_full d64_4k_causal d128_4k d64_16k d128_16k "${@:2}" \
     --modes fwdbwd --out "$out/ab_grid.json" > "$out/ab_grid.log" 2>&1
 grep -v "^\[bench\]" "$out/ab_grid.log" | tail -30
