@@ -157,11 +157,6 @@ def _scores_grad(p, dp, delta, pre, logits: sm.Logits, visible, axis: int):
     return ds if visible is None else jnp.where(visible, ds, 0.0)
 
 
-def _zeros(*shape: int):
-    """A ``[*shape]`` float32 tile of zeros in the ``wgmma`` accumulators' layout."""
-    return plgpu.layout_cast(jnp.zeros(shape, jnp.float32), plgpu.Layout.WGMMA)
-
-
 def _products(*products):
     """``acc + a @ b`` for each ``(acc, a, b)`` (``acc`` None: from zero), issued as one
     group of ``wgmma``s that is waited for once."""
@@ -173,7 +168,7 @@ def _products(*products):
     accs = []
     for acc, a, b in products:
         if acc is None:
-            acc = _zeros(a.shape[0], b.shape[1])
+            acc = plgpu.layout_cast(jnp.zeros((a.shape[0], b.shape[1]), jnp.float32), plgpu.Layout.WGMMA)
         accs.append(plgpu.ACC.init(acc))
     return pl.run_state(issue)(tuple(accs))
 
@@ -271,7 +266,7 @@ def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning, roles: bool):
             count = lax.div(jnp.maximum(span.stop - start + 1, 0), 2)
             return lax.fori_loop(0, count, lambda n, dq_i: step(span.masked, start + 2 * n, dq_i), dq_i)
 
-        dq_i = _zeros(bq, dims.head_dim)
+        dq_i = plgpu.layout_cast(jnp.zeros((bq, dims.head_dim), jnp.float32), plgpu.Layout.WGMMA)
         for span in spans:
             dq_i = span_steps(span, dq_i)
         if roles:  # the ring is read no more: the second's part goes through its memory
@@ -334,8 +329,6 @@ def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int, roles
     group = dims.group // splits
     query_step = functools.partial(_ring.query_step, first=first, per_head=per_head, head0=share * group)
 
-    scaled = q_ref.dtype == jnp.float16  # dSᵀ is scaled per key to be rounded (`_rounded`)
-
     def consumer(role: str | None):
         """A consumer accumulating ``role`` ("dk", "dv"; None: both) of its key tile."""
         plgpu.set_max_registers(_ring.CONSUMER_REGISTERS, action="increase")
@@ -358,17 +351,16 @@ def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int, roles
             slot = lax.rem(g * per_head + i - first, jnp.int32(stages))
             q_i, do_i = q_smem.at[slot], do_smem.at[slot]
             plgpu.barrier_wait(q_ready.at[slot])
-
-            def scores(acc):  # Line 8, transposed: Sᵀ = K_j Q_iᵀ, L_i read while it runs.
-                plgpu.wgmma(acc, k_j, q_i.transpose((1, 0)))
-                plgpu.barrier_wait(lse_ready.at[slot])
-                lse2 = _ring.load_stat(lse_smem.at[slot], 1)
-                plgpu.barrier_arrive(lse_free.at[slot])
-                return acc[...], lse2
-
-            scores_t, lse2 = pl.run_scoped(scores, plgpu.ACC((bk, bq), jnp.float32))
+            plgpu.barrier_wait(do_ready.at[slot])
+            # Lines 8-13, transposed: Sᵀ = K_j Q_iᵀ, dPᵀ = V_j dO_iᵀ; Pᵀ = exp2(Sᵀ - L_i).
+            products = [(None, k_j, q_i.transpose((1, 0)))]
+            if role != "dv":
+                products.append((None, v_j, do_i.transpose((1, 0))))
+            scores_t, *dp_t = _products(*products)
             pre_t = logits.pre(scores_t)
-            # Line 10: Pᵀ = exp2(Sᵀ - L_i).
+            plgpu.barrier_wait(lse_ready.at[slot])
+            lse2 = _ring.load_stat(lse_smem.at[slot], 1)
+            plgpu.barrier_arrive(lse_free.at[slot])
             p_t = jnp.exp2(pre_t * logits.factor - along(lse2, pre_t.shape, 1))
             visible = None
             q_segment = queries.step_ids(slot, masked)  # the queries' ids ride the ring, as the dense mask
@@ -382,37 +374,18 @@ def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int, roles
             plgpu.barrier_wait(delta_ready.at[slot])
             delta = None if role == "dv" else _ring.load_stat(delta_smem.at[slot], 1)
             plgpu.barrier_arrive(delta_free.at[slot])
-            plgpu.barrier_wait(do_ready.at[slot])
-
-            def products(refs):
-                """Lines 11-12 and 16: dPᵀ = V_j dO_iᵀ, dV_j += Pᵀ dO_i, dK_j += dSᵀ Q_i;
-                dV_j's product runs while dSᵀ is formed."""
-                if role != "dv":
-                    plgpu.wgmma(refs["dp"], v_j, do_i.transpose((1, 0)))
-                if role != "dk":
-                    plgpu.wgmma(refs["dv"], p_t.astype(q_ref.dtype), do_i)
-                if role != "dv":
-                    dp_t = plgpu.wgmma_accumulator_load(refs["dp"], wait_n=0 if role else 1)
-                    ds_t, inv_scale = _rounded(_scores_grad(p_t, dp_t, delta, pre_t, logits, visible, 1), q_ref.dtype)
-                    plgpu.wgmma(refs["dk"], ds_t, q_i)
-                    if scaled:
-                        refs["scale"][...] = inv_scale
-                plgpu.wgmma_wait(0 if role == "dv" else 1)  # dPᵀ and dV_j's products are done
-                plgpu.barrier_arrive(do_free.at[slot])
-                plgpu.wgmma_wait(0)
-                plgpu.barrier_arrive(q_free.at[slot])
-
-            state = {}
+            # Lines 12 and 16: dV_j += Pᵀ dO_i, dK_j += dSᵀ Q_i.
+            products, inv_scale = [], None
             if role != "dk":
-                state["dv"] = plgpu.ACC.init(dv_j)
+                products.append((dv_j, p_t.astype(q_ref.dtype), do_i))
             if role != "dv":
-                state["dp"] = plgpu.ACC.init(_zeros(bk, bq))
-                state["dk"] = plgpu.ACC.init(_zeros(bk, dims.head_dim) if scaled else dk_j)
-                if scaled:
-                    state["scale"] = jnp.ones((bk,), jnp.float32)
-            results = pl.run_state(products)(state)
-            dv_j = results.get("dv", dv_j)
-            dk_j = dk_j if role == "dv" else _unscaled(dk_j, results["dk"], results.get("scale"))
+                ds_t, inv_scale = _rounded(_scores_grad(p_t, *dp_t, delta, pre_t, logits, visible, 1), q_ref.dtype)
+                products.append((_accumulator(dk_j, inv_scale), ds_t, q_i))
+            results = _products(*products)
+            plgpu.barrier_arrive(do_free.at[slot])
+            plgpu.barrier_arrive(q_free.at[slot])
+            dv_j = dv_j if role == "dk" else results[0]
+            dk_j = dk_j if role == "dv" else _unscaled(dk_j, results[-1], inv_scale)
             return dk_j, dv_j
 
         def one_head(g, carry):
@@ -420,10 +393,11 @@ def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int, roles
                 carry = lax.fori_loop(span.start, span.stop, functools.partial(step, g, span.masked), carry)
             return carry
 
-        init = (
-            _zeros(bk, dims.head_dim) if role != "dv" else None,
-            _zeros(bk, dims.head_dim_v) if role != "dk" else None,
-        )
+        def zeros(head_dim, needed: bool):
+            shape = (bk, head_dim)
+            return plgpu.layout_cast(jnp.zeros(shape, jnp.float32), plgpu.Layout.WGMMA) if needed else None
+
+        init = (zeros(dims.head_dim, role != "dv"), zeros(dims.head_dim_v, role != "dk"))
         dk_j, dv_j = lax.fori_loop(jnp.int32(0), jnp.int32(group), one_head, init)
         # Line 18: write dK_j, dV_j once neither consumer reads K_j, V_j or the ring, where
         # the tiles they go through span both consumers' (a share's float32 parts; roles).
