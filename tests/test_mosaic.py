@@ -175,6 +175,19 @@ def test_the_dkdv_kernel_steps_through_the_query_tiles_of_each_head():
     assert [bool(stream.copies(jnp.int32(s))) for s in range(8)] == [True, False, False, True] * 2
 
 
+def test_the_warpgroups_registers_are_what_setmaxnreg_can_give():
+    """`setmaxnreg` takes multiples of 8 in [24, 256], and a warpgroup can only increase
+    its registers by what the others release: the consumers' and the producer's together
+    fit in what the block is launched with (65536 per block over its threads, in
+    multiples of 8: 168 each for three warpgroups)."""
+    for registers in (_ring.CONSUMER_REGISTERS, _ring.PRODUCER_REGISTERS):
+        assert registers % 8 == 0 and 24 <= registers <= 256, registers
+    warpgroups = _ring.CONSUMERS + 1
+    at_launch = 65536 // (128 * warpgroups) // 8 * 8
+    asked = _ring.CONSUMERS * _ring.CONSUMER_REGISTERS + _ring.PRODUCER_REGISTERS
+    assert asked <= warpgroups * at_launch, (asked, at_launch)
+
+
 def _backward_lowerings():
     """(call, runtime mask, dq_block_k) of every call where the tiles fit with the mask
     (`BackwardTuning.fits`; else the Triton backward runs, as `_backward` is tested to
