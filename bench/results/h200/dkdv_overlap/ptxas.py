@@ -17,4 +17,8 @@ for head_dim, dtype in ((128, jnp.bfloat16), (64, jnp.bfloat16), (128, jnp.float
         return out.astype(jnp.float32).sum()
 
     grads = jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
-    print(f"== head dim {head_dim} {jnp.dtype(dtype).name}:", [float(jnp.abs(g.astype(jnp.float32)).sum()) for g in grads], flush=True)
+    print(
+        f"== head dim {head_dim} {jnp.dtype(dtype).name}:",
+        [float(jnp.abs(g.astype(jnp.float32)).sum()) for g in grads],
+        flush=True,
+    )
