@@ -10,12 +10,9 @@ three warpgroups:
   ``num_stages`` shared-memory slots, each guarded by a "ready" and a "free" barrier;
 * two consumers, each owning ``block_q`` rows of the tile (the 64-row multiple that one
   ``wgmma`` computes), which form ``S = Q Kᵀ`` and ``O += P V`` with ``wgmma`` and take
-  turns on the tensor cores: one's softmax runs while the other's products do
-  (Algorithm 1's ping-pong). A consumer issues its ``P_ij V_j`` once the other has
-  issued its ``S = Q Kᵀ`` of the same step (the "turn" barriers, one wait a step), so
-  the tensor cores run ``P V`` and the next ``Q Kᵀ`` of one consumer while the other's
-  softmax runs. Both visit the same key tiles, those of their union, so the producer's
-  ring serves them in one order.
+  turns on the tensor cores: one's softmax runs while the other's products do (the
+  "turn" barrier, Algorithm 1's ping-pong). Both visit the same key tiles, those of
+  their union, so the producer's ring serves them in one order.
 
 The online softmax is base 2, as in the Triton kernels (`jaxtile._softmax`); only the
 tiles that `kv_spans` marks masked pay for the element-wise mask (`MaskSpec.visible`).
@@ -239,9 +236,9 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
             t = _ring.query_tile(spec, schedule.tiles[1], t)
         return (h, t, b), *_ring.key_spans(spec, rows, bk, t, b, bounds_ref, h)
 
-    def pass_turn():
-        """Lets the other consumer issue its ``P V`` (``turn.at[w]``: consumer ``w`` may)."""
-        plgpu.barrier_arrive(turn.at[1 - wg])
+    def take_turn():
+        plgpu.barrier_arrive(turn)
+        plgpu.barrier_wait(turn)
 
     @pl.when(wg < CONSUMERS)
     def _consumer():
@@ -281,9 +278,7 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
             def _():
                 plgpu.barrier_wait(k_ready.at[slot_of(0)])
 
-            # The second consumer starts half a step behind: its first turn is the first
-            # consumer's first Q Kᵀ. Tiles with no steps take no turns.
-            pl.when((wg == 1) & (steps > 0))(lambda: plgpu.barrier_wait(turn.at[1]))
+            pl.when(wg == 1)(take_turn)  # the second consumer starts half a step behind
 
             def step(masked: bool, j, carry):
                 acc, m_i, l_i = carry
@@ -293,7 +288,7 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
                 # Lines 7-8: S_ij = Q_i K_jᵀ; hand the tensor cores to the other consumer.
                 def qk(acc_ref):
                     plgpu.wgmma(acc_ref, q_tile, k_smem.at[slot].transpose((1, 0)))
-                    pass_turn()
+                    take_turn()
                     return acc_ref[...]
 
                 scores = pl.run_scoped(qk, plgpu.ACC((bq, bk), jnp.float32))
@@ -317,8 +312,9 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
                 l_i = l_i * alpha + p.sum(axis=1)
                 p = p.astype(q_ref.dtype)
                 acc, l_i, m_new, p = lax.optimization_barrier((acc, l_i, m_new, p))
+                plgpu.barrier_arrive(turn)  # softmax done
                 plgpu.barrier_wait(v_ready.at[slot])
-                plgpu.barrier_wait(turn.at[wg])  # the other consumer has issued its Q Kᵀ
+                plgpu.barrier_wait(turn)  # the tensor cores are ours again
 
                 # Line 10: O_i += P_ij V_j; meanwhile wait for the next key tile.
                 def pv(acc_ref):
@@ -334,10 +330,7 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
 
             for span in spans:
                 carry = lax.fori_loop(span.start, span.stop, functools.partial(step, span.masked), carry)
-            # The last turns: the first consumer's lets the second issue its last P V; the
-            # second's keeps the first from taking the next tile's turns before it has
-            # taken this one's (a barrier's phases may run at most one ahead of its waits).
-            pl.when(steps > 0)(pass_turn)
+            pl.when(wg == 0)(take_turn)
             if persistent:  # a tile with no steps loads the next one's queries here
                 pl.when(steps == 0)(load_next)
             acc, m_i, l_i = carry
@@ -353,7 +346,6 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(o_tile, o_ref.at[b, pl.ds(row0, bq), h])
             plgpu.copy_smem_to_gmem(lse_smem.at[wg], lse_ref.at[b, h, pl.ds(row0, bq)])
-            pl.when((wg == 0) & (steps > 0))(lambda: plgpu.barrier_wait(turn.at[0]))
             return done + steps
 
         if persistent:
@@ -481,7 +473,7 @@ def forward_pass(inputs: Inputs, config: Config):
                 plgpu.SMEM((CONSUMERS, bq), jnp.float32),
             ),
             (_ring.own_barriers(own), *_ring.ring_barriers(ring)),
-            plgpu.Barrier(num_barriers=CONSUMERS),
+            plgpu.Barrier(num_arrivals=CONSUMERS),
         ),
     )
     return out[:, : dims.q_len, :, : dims.head_dim_v], lse[:, :, : dims.q_len]
