@@ -62,7 +62,7 @@ BACKWARD = {
     ],
 }
 # mosaic_v3, head_dim -> forward candidates (block_q, block_k, num_stages), and backward
-# candidates (block_q, block_k, num_stages, dq_block_k[, dq_block_q]) with the forward at its default;
+# candidates (block_q, block_k, num_stages, dq_block_k) with the forward at its default;
 # each fits (`BackwardTuning.fits`: one that did not would time the Triton backward).
 MOSAIC_FORWARD = {
     64: [(64, 256, 2), (64, 128, 2), (64, 128, 3), (64, 128, 4)],
@@ -70,7 +70,7 @@ MOSAIC_FORWARD = {
     256: [(64, 64, 2), (64, 64, 3)],
 }
 MOSAIC_BACKWARD = {
-    64: [(128, 64, 2, None), (128, 64, 3, None), (64, 64, 2, 128), (64, 64, 3, 128), (128, 64, 2, 128, 64)],
+    64: [(128, 64, 2, None), (128, 64, 3, None), (64, 64, 2, 128), (64, 64, 3, 128)],
     128: [(64, 64, 2, None), (64, 64, 2, 128)],
 }
 

@@ -188,38 +188,28 @@ def test_the_warpgroups_registers_are_what_setmaxnreg_can_give():
     assert asked <= warpgroups * at_launch, (asked, at_launch)
 
 
-# The backward's tilings the lowering test takes: the default's, the dQ kernel's key
-# tiles twice dK/dV's, and its query rows half the ring's (dK/dV's 128-row tiles beside
-# a dQ kernel of 64 rows and 128 keys, the sweep's candidate at head dim 64).
-BACKWARD_TILINGS = {
-    "default": mosaic_backward.BackwardTuning(),
-    "dq_keys128": mosaic_backward.BackwardTuning(dq_block_k=128),
-    "dq_rows64": mosaic_backward.BackwardTuning(block_q=128, dq_block_k=128, dq_block_q=64),
-}
-
-
 def _backward_lowerings():
-    """(call, runtime mask, tiling of `BACKWARD_TILINGS`) of every call where the tiles
-    fit with the mask (`BackwardTuning.fits`; else the Triton backward runs, as
-    `_backward` is tested to choose)."""
+    """(call, runtime mask, dq_block_k) of every call where the tiles fit with the mask
+    (`BackwardTuning.fits`; else the Triton backward runs, as `_backward` is tested to
+    choose)."""
     params = []
     for name, call in CALLS.items():
         for runtime in ["", *RUNTIME, "dense", "dense1+lengths", "dense+segments"]:
-            for tiling, tuning in BACKWARD_TILINGS.items():
+            for dq_block_k in (None, 128):
                 dims = (_ring.padded(call[0][-1], 64), _ring.padded(call[3], 64))
-                if tuning.fits(*dims, 2, "dense" in runtime):
-                    params.append(pytest.param(name, runtime, tiling, id=f"{name}-{runtime}-{tiling}"))
+                if mosaic_backward.BackwardTuning(dq_block_k=dq_block_k).fits(*dims, 2, "dense" in runtime):
+                    params.append(pytest.param(name, runtime, dq_block_k, id=f"{name}-{runtime}-{dq_block_k}"))
     return params
 
 
-@pytest.mark.parametrize("name, runtime, tiling", _backward_lowerings())
-def test_the_backward_kernels_lower_for_cuda(name, runtime, tiling):
+@pytest.mark.parametrize("name, runtime, dq_block_k", _backward_lowerings())
+def test_the_backward_kernels_lower_for_cuda(name, runtime, dq_block_k):
     """The dK/dV and dQ kernels of every call whose tiles fit (head dim 256 with roles),
-    with and without runtime masks (a dense mask per head over GQA groups too), at each
-    of `BACKWARD_TILINGS`, traced and lowered to Mosaic GPU, with gradients of the
-    inputs' shapes and dtypes."""
+    with and without runtime masks (a dense mask per head over GQA groups too), and with
+    the dQ kernel's key tiles as dK/dV's or twice them, traced and lowered to Mosaic GPU, with gradients of
+    the inputs' shapes and dtypes."""
     inputs, config = _call(*CALLS[name], runtime=runtime)
-    tuning = BACKWARD_TILINGS[tiling]
+    tuning = mosaic_backward.BackwardTuning(dq_block_k=dq_block_k)
     batch, q_len, heads, _ = inputs.q.shape
     out = jax.ShapeDtypeStruct((batch, q_len, heads, inputs.v.shape[-1]), inputs.q.dtype)
     lse = jax.ShapeDtypeStruct((batch, heads, q_len), jnp.float32)
@@ -260,8 +250,8 @@ def test_the_backward_takes_the_triton_kernels_where_its_tiles_do_not_fit(monkey
 def test_backward_tiles_fit_as_measured():
     """`BackwardTuning.fits` admits the tiles that ran at full speed and refuses those
     that spilled registers on the GPU (`backward._REGISTERS`) or overflow shared memory;
-    ``dq_block_k`` and ``dq_block_q`` set the dQ kernel's key tiles and rows alone, and
-    the sequences pad to whole tiles of both kernels."""
+    ``dq_block_k`` sets the dQ kernel's key tiles alone, and the sequences pad to whole
+    tiles of both kernels."""
     tuning = mosaic_backward.BackwardTuning
     assert tuning().fits(128, 128, 2) and tuning(block_q=128).fits(64, 64, 2)
     assert tuning(dq_block_k=128).fits(128, 128, 2) and tuning(dq_block_k=128).fits(64, 64, 2)
@@ -273,10 +263,6 @@ def test_backward_tiles_fit_as_measured():
     assert not tuning(block_q=128).fits(128, 128, 2)  # spilled
     assert not tuning(block_k=128).fits(64, 64, 2)  # spilled: 268 against 389 TFLOP/s
     assert not tuning(block_q=128, dq_block_k=128).fits(64, 64, 2)  # dQ's S and dP: 256
-    rows64 = tuning(block_q=128, dq_block_k=128, dq_block_q=64)  # dQ: 64 rows, 128 keys
-    assert rows64.fits(64, 64, 2) and rows64.registers(64, 64) == 192  # dK/dV's; dQ's 160
-    assert rows64.dq_rows == 64 and tuning(block_q=128).dq_rows == 128
-    assert tuning(block_q=128, dq_block_q=192).padded_lengths(300, 64) == (768, 128)
     assert not tuning(num_stages=3, dq_block_k=128).fits(128, 128, 2)  # shared memory
     assert tuning().dq_keys == 64 and tuning(dq_block_k=128).dq_keys == 128
     assert tuning(dq_block_k=128).padded_lengths(100, 130) == (128, 256)
@@ -285,8 +271,6 @@ def test_backward_tiles_fit_as_measured():
         tuning(block_k=96)
     with pytest.raises(ValueError, match=r"dq_block_k=32 must be a positive multiple of 64"):
         tuning(dq_block_k=32)
-    with pytest.raises(ValueError, match=r"dq_block_q=0 must be a positive multiple of 64"):
-        tuning(dq_block_q=0)
 
 
 def test_the_dkdv_kernel_shares_a_kv_heads_query_heads_when_programs_are_few():
@@ -346,8 +330,7 @@ def test_tiles_are_multiples_of_wgmma_s_rows():
         # a dense mask (128 spilled); the same for a user's tuning that names none.
         for user in (tuning, v3.Tuning(block_q=128), v3.Tuning(num_stages=3)):
             backward = user.backward_for(head_dim, head_dim)
-            wide = mosaic_backward.BackwardTuning(block_q=128, dq_block_k=128, dq_block_q=64)
-            assert backward == (wide if head_dim == 64 else mosaic_backward.BackwardTuning(block_q=64))
+            assert backward == mosaic_backward.BackwardTuning(block_q=128 if head_dim == 64 else 64)
             assert backward.fits(head_dim, head_dim, 2)
             dense = user.backward_for(head_dim, head_dim, masks_elements=True)
             assert dense == mosaic_backward.BackwardTuning(block_q=64)

@@ -66,23 +66,21 @@ def _tiles(roles: bool) -> int:
 class BackwardTuning:
     """Launch parameters of the backward kernels.
 
-    block_q: query rows per ring tile in dK/dV, and per consumer in dQ unless ``dq_block_q``.
+    block_q: query rows per consumer in the dQ kernel, and per ring tile in dK/dV.
     block_k: keys per consumer in dK/dV, and per ring tile in dQ unless ``dq_block_k``.
     num_stages: slots of each kernel's ring.
     dq_block_k: keys per ring tile in the dQ kernel (None: ``block_k``).
-    dq_block_q: query rows per consumer in the dQ kernel (None: ``block_q``).
     """
 
     block_q: int = 64
     block_k: int = 64
     num_stages: int = 2
     dq_block_k: int | None = None
-    dq_block_q: int | None = None
 
     def __post_init__(self):
-        for name in ("block_q", "block_k", "dq_block_k", "dq_block_q"):
+        for name in ("block_q", "block_k", "dq_block_k"):
             block = getattr(self, name)
-            if block is None and name.startswith("dq_"):
+            if block is None and name == "dq_block_k":
                 continue
             if not isinstance(block, int) or block <= 0 or block % WGMMA_ROWS:
                 raise ValueError(f"{name}={block!r} must be a positive multiple of {WGMMA_ROWS}")
@@ -94,15 +92,9 @@ class BackwardTuning:
         """Keys per ring tile of the dQ kernel."""
         return self.dq_block_k or self.block_k
 
-    @property
-    def dq_rows(self) -> int:
-        """Query rows per consumer of the dQ kernel."""
-        return self.dq_block_q or self.block_q
-
     def padded_lengths(self, q_len: int, kv_len: int) -> tuple[int, int]:
         """The sequence lengths padded to whole tiles of both kernels."""
-        rows = math.lcm(CONSUMERS * self.block_q, CONSUMERS * self.dq_rows)
-        return padded(q_len, rows), padded(kv_len, math.lcm(CONSUMERS * self.block_k, self.dq_keys))
+        return padded(q_len, CONSUMERS * self.block_q), padded(kv_len, math.lcm(CONSUMERS * self.block_k, self.dq_keys))
 
     def shared_memory(self, head_dim: int, head_dim_v: int, itemsize: int, dense: bool = False) -> int:
         """Bytes of the larger kernel's tiles: the rows its programs own and its ring (with
@@ -114,7 +106,7 @@ class BackwardTuning:
         keys = _tiles(roles) * self.block_k
         tiles = keys * width + self.num_stages * self.block_q * (width + stats + (keys if dense else 0))
         dkdv = max(tiles, keys * (head_dim + head_dim_v) * 4) + keys * 4  # the parts reuse the tiles
-        own_rows = _tiles(roles) * self.dq_rows
+        own_rows = _tiles(roles) * self.block_q
         dq = own_rows * (width + stats) + self.num_stages * self.dq_keys * (width + 4 + (own_rows if dense else 0))
         return max(dkdv, dq)
 
@@ -126,7 +118,7 @@ class BackwardTuning:
             dkdv = self.block_k * max(head_dim + 2 * self.block_q, head_dim_v + self.block_q)
         else:
             dkdv = self.block_k * (head_dim + head_dim_v + 2 * self.block_q)
-        dq = self.dq_rows * (head_dim + 2 * self.dq_keys)
+        dq = self.block_q * (head_dim + 2 * self.dq_keys)
         return max(dkdv, dq) // 128
 
     def fits(self, head_dim: int, head_dim_v: int, itemsize: int, dense: bool = False) -> bool:
@@ -154,9 +146,8 @@ def default_backward_tuning(head_dim: int, head_dim_v: int, masks_elements: bool
     none, and ran 1% slower (H100, `bench/results/h100/dense_mask/`). With segment ids
     at head dim 64, 64-row tiles ran packed documents' forward+backward 1.01-1.08x as
     fast (H200, `bench/results/h200/documents/docs_bwd_d64_63aa264.log`)."""
-    if max(head_dim, head_dim_v) <= 64 and not masks_elements:
-        return BackwardTuning(block_q=128, dq_block_k=128, dq_block_q=64)
-    return BackwardTuning(block_q=64)
+    wide = max(head_dim, head_dim_v) <= 64 and not masks_elements
+    return BackwardTuning(block_q=128 if wide else 64)
 
 
 def _scores_grad(p, dp, delta, pre, logits: sm.Logits, visible, axis: int):
@@ -219,7 +210,7 @@ def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning, roles: bool):
     ring, (part,) = ring if roles else (ring, (None,))
     (k_smem, v_smem, *_), (k_ready, v_ready, *_), (k_free, v_free, *_) = ring, ready, free
     keys, dense_ring = _ring.split_ring(_ring.KeyRing, (k_ref, v_ref, *ids[1:]), ring, ready, free, spec)
-    bq, bk, stages = tuning.dq_rows, tuning.dq_keys, tuning.num_stages
+    bq, bk, stages = tuning.block_q, tuning.dq_keys, tuning.num_stages
     rows = _tiles(roles) * bq
     h, b, wg = lax.axis_index("heads"), lax.axis_index("batch"), lax.axis_index("wg")
     t = _ring.query_tile(spec, dims.q_len // rows, lax.axis_index("q_tiles"))
@@ -521,22 +512,22 @@ def backward_pass(inputs: Inputs, out, lse, dout, dlse, config: Config, tuning: 
         )
     # dQ: each consumer's Q_i, dO_i, L_i, D_i (and the rows' ids); a ring of K_j, V_j (and
     # the keys' ids, the dense mask's tiles).
-    dq_bq, dq_bk = tuning.dq_rows, tuning.dq_keys
-    own = (*own_tiles(dq_bq), plgpu.SMEM((tiles, dq_bq), jnp.float32), plgpu.SMEM((tiles, dq_bq), jnp.float32))
-    own += _ring.segment_tiles(mask, tiles, dq_bq)
+    dq_bk = tuning.dq_keys
+    own = (*own_tiles(bq), plgpu.SMEM((tiles, bq), jnp.float32), plgpu.SMEM((tiles, bq), jnp.float32))
+    own += _ring.segment_tiles(mask, tiles, bq)
     ring = (smem(dtype, stages, dq_bk, head_dim), smem(dtype, stages, dq_bk, head_dim_v))
-    ring += _ring.segment_tiles(mask, stages, dq_bk) + _ring.dense_tiles(mask, stages, tiles * dq_bq, dq_bk)
+    ring += _ring.segment_tiles(mask, stages, dq_bk) + _ring.dense_tiles(mask, stages, tiles * bq, dq_bk)
     barriers = (_ring.own_barriers(own), *_ring.ring_barriers(ring, 1 if roles else CONSUMERS))
     if roles:  # one consumer frees each slot; the second's float32 part of dQ_i reuses the ring
         barriers += (plgpu.Barrier(num_arrivals=CONSUMERS), plgpu.Barrier(num_arrivals=1))
-        ring = plgpu.RefUnion(ring, (smem(jnp.float32, dq_bq, head_dim),))
+        ring = plgpu.RefUnion(ring, (smem(jnp.float32, bq, head_dim),))
     else:
         barriers += (None, None)
     (dq,) = _ring.launch(
         functools.partial(_dq_kernel, roles=roles, **statics),
-        (*operands, *_ring.runtime_operands(inputs, mask, q_len, kv_len, tiles * dq_bq, dq_bk)),
+        (*operands, *_ring.runtime_operands(inputs, mask, q_len, kv_len, tiles * bq, dq_bk)),
         (jax.ShapeDtypeStruct(q.shape, dtype),),
-        (dims.num_heads, q_len // (tiles * dq_bq), dims.batch),
+        (dims.num_heads, q_len // (tiles * bq), dims.batch),
         ("heads", "q_tiles", "batch"),
         CONSUMERS,
         ((own, ring), barriers),
