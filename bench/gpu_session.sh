@@ -7,7 +7,7 @@
 #   bash bench/gpu_session.sh perf OUT [ARGS...]   # python -m bench.check: jaxtile vs cuDNN, the committed floors
 #                                                  # (--part 1/2, then 2/2: each half fits one call)
 #   bash bench/gpu_session.sh decode OUT [ARGS...] # python -m bench.decode: decode vs the copy bandwidth and cuDNN
-#   bash bench/gpu_session.sh ab OUT A B [ARGS...] # python -m bench.ab: two versions (directories), each in its own process
+#   bash bench/gpu_session.sh ab OUT A B [ARGS...] # python -m bench.ab: two versions (directories), each in its own process with the peers
 #   bash bench/gpu_session.sh tune OUT [ARGS...]   # python -m bench.tune: launch parameters of the kernels
 #   bash bench/gpu_session.sh parity OUT [IMPL...] # parity --full, one process per implementation (and shard)
 #   bash bench/gpu_session.sh bench OUT            # the matmul ceiling and the benchmark preset
@@ -59,6 +59,7 @@ decode)
         grep -v "^WARNING:absl:Autotuning cache miss" # tokamax's, one per shape
     ;;
 ab)
+    peers
     a=$1
     b=$2
     shift 2
