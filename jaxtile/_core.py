@@ -131,6 +131,15 @@ def sum_to_shape(x, shape: tuple[int, ...]):
     return jnp.sum(x, axis=axes, keepdims=True) if axes else x
 
 
+def bias_grad_dtype(inputs: Inputs):
+    """The dtype a backward pass writes the bias's gradient in (`Backward`): the bias's
+    where it broadcasts nothing (written once, in its final form), else float32, to be
+    summed over what it broadcasts."""
+    dims = Shape.of(inputs.q, inputs.k, inputs.v)
+    full = (dims.batch, dims.num_heads, dims.q_len, dims.kv_len)
+    return inputs.bias.dtype if inputs.bias.shape == full else jnp.float32
+
+
 def gather_pages(pages, page_table):
     """The contiguous cache ``[batch, pages_per_sequence * page_size, num_kv_heads, dim]``
     held by ``pages [num_kv_heads, num_pages, page_size, dim]``: each sequence's pages in

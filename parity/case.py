@@ -29,8 +29,9 @@ class Case:
     mask or blocks), every sequence's ``kv_lengths`` the full ``kv_len`` unless
     ``lengths`` says otherwise.
     ``bias`` adds an additive bias to the scaled scores, in the case's dtype, and its
-    gradient to the comparison: ``"full"`` ``[batch..., H, T, S]``, or ``"shared"``
-    ``[T, S]`` by all sequences and heads (a relative-position bias, as ALiBi's).
+    gradient to the comparison: ``"full"`` ``[batch..., H, T, S]`` (``"full32"`` the
+    same in float32, whatever the case's dtype), or ``"shared"`` ``[T, S]`` by all
+    sequences and heads (a relative-position bias, as ALiBi's).
     ``sinks`` adds learnable attention sinks (one random logit per query head), and
     their gradient to the comparison.
     ``lse_grad`` also back-propagates a random cotangent through the lse.
@@ -186,8 +187,10 @@ def make_inputs(case: Case) -> dict[str, np.ndarray | None]:
     if case.page_size is not None:
         arrays.update(_pages(rng, case, arrays["k"], arrays["v"]))
     arrays["sinks"] = rng.standard_normal(case.num_heads).astype(np.float32) * 2 if case.sinks else None
-    bias_shapes = {None: None, "full": full, "shared": (t, s)}
+    bias_shapes = {None: None, "full": full, "full32": full, "shared": (t, s)}
     if case.bias not in bias_shapes:
         raise ValueError(f"unknown bias kind {case.bias!r}")
     arrays["bias"] = None if case.bias is None else normal(*bias_shapes[case.bias])
+    if case.bias == "full32":
+        arrays["bias"] = arrays["bias"].astype(np.float32)
     return arrays

@@ -20,11 +20,12 @@ from jax_settings import SETTINGS
 import jaxtile
 from bench import tune
 from jaxtile import registry
-from jaxtile._core import Config, Inputs, Shape
+from jaxtile._core import Config, Inputs, Shape, bias_grad_dtype
 from jaxtile._softmax import Logits
 from jaxtile.mask import MaskSpec, TileSpan
 from jaxtile.mosaic import _ring, v3
 from jaxtile.mosaic import backward as mosaic_backward
+from jaxtile.mosaic.backward import backward_pass as mosaic_backward_pass
 from parity.case import Case
 from parity.run import run_case
 
@@ -188,28 +189,35 @@ def test_the_warpgroups_registers_are_what_setmaxnreg_can_give():
     assert asked <= warpgroups * at_launch, (asked, at_launch)
 
 
+def _backward_call(name: str, runtime: str, dq_block_k: int | None):
+    """A call of `_call` whose config asks for the dQ kernel's key tiles ``dq_block_k``."""
+    backward = mosaic_backward.BackwardTuning(dq_block_k=dq_block_k)
+    return _call(*CALLS[name], runtime=runtime, tuning=v3.Tuning(backward=backward))
+
+
 def _backward_lowerings():
-    """(call, runtime mask, dq_block_k) of every call where the tiles fit with the mask
-    (`BackwardTuning.fits`; else the Triton backward runs, as `_backward` is tested to
+    """(call, runtime mask or bias, dq_block_k) of every call the Mosaic backward takes
+    (`v3._backward_tuning`; else the Triton backward runs, as `_backward` is tested to
     choose)."""
     params = []
-    for name, call in CALLS.items():
-        for runtime in ["", *RUNTIME, "dense", "dense1+lengths", "dense+segments"]:
+    for name in CALLS:
+        for runtime in ["", *RUNTIME, "dense", "dense1+lengths", "dense+segments", "bias", "bias32", "bias+lengths"]:
             for dq_block_k in (None, 128):
-                dims = (_ring.padded(call[0][-1], 64), _ring.padded(call[3], 64))
-                if mosaic_backward.BackwardTuning(dq_block_k=dq_block_k).fits(*dims, 2, "dense" in runtime):
+                if v3._backward_tuning(*_backward_call(name, runtime, dq_block_k)) is not None:
                     params.append(pytest.param(name, runtime, dq_block_k, id=f"{name}-{runtime}-{dq_block_k}"))
     return params
 
 
 @pytest.mark.parametrize("name, runtime, dq_block_k", _backward_lowerings())
 def test_the_backward_kernels_lower_for_cuda(name, runtime, dq_block_k):
-    """The dK/dV and dQ kernels of every call whose tiles fit (head dim 256 with roles),
-    with and without runtime masks (a dense mask per head over GQA groups too), and with
-    the dQ kernel's key tiles as dK/dV's or twice them, traced and lowered to Mosaic GPU, with gradients of
-    the inputs' shapes and dtypes."""
-    inputs, config = _call(*CALLS[name], runtime=runtime)
-    tuning = mosaic_backward.BackwardTuning(dq_block_k=dq_block_k)
+    """The dK/dV and dQ kernels of every call they take (head dim 256 with roles), with
+    and without runtime masks (a dense mask per head over GQA groups too) or a bias (in
+    the call's dtype per head, or float32 shared by the heads; whose gradient is
+    written as `_core.bias_grad_dtype` says), and with the dQ kernel's key tiles as
+    dK/dV's or twice them, traced and lowered to Mosaic GPU, with gradients of the
+    inputs' shapes and dtypes."""
+    inputs, config = _backward_call(name, runtime, dq_block_k)
+    tuning = v3._backward_tuning(inputs, config)
     batch, q_len, heads, _ = inputs.q.shape
     out = jax.ShapeDtypeStruct((batch, q_len, heads, inputs.v.shape[-1]), inputs.q.dtype)
     lse = jax.ShapeDtypeStruct((batch, heads, q_len), jnp.float32)
@@ -220,8 +228,13 @@ def test_the_backward_kernels_lower_for_cuda(name, runtime, dq_block_k):
     lowered = jax.jit(backward).trace(out, lse, out, lse, inputs)
     text = lowered.lower(lowering_platforms=("cuda",)).as_text()
     assert text.count("custom_call @mosaic_gpu") == 2 and "wgmma.mma_async" in text
-    for grad, x in zip(lowered.out_info, inputs[:3]):
+    *grads, dbias = lowered.out_info
+    for grad, x in zip(grads, inputs[:3], strict=True):
         assert grad.shape == x.shape and grad.dtype == x.dtype
+    if inputs.bias is None:
+        assert dbias is None
+    else:
+        assert dbias.shape == (batch, heads, q_len, inputs.k.shape[1]) and dbias.dtype == bias_grad_dtype(inputs)
 
 
 def test_the_backward_takes_the_triton_kernels_where_its_tiles_do_not_fit(monkeypatch):
@@ -230,7 +243,7 @@ def test_the_backward_takes_the_triton_kernels_where_its_tiles_do_not_fit(monkey
     backward to the Triton family's kernels, with the call's tuning dropped where it is
     Mosaic's; head dim 256 (with roles) and dense masks stay with the Mosaic kernels."""
     calls = []
-    monkeypatch.setattr(v3, "backward_pass", lambda *args: calls.append("mosaic") or (None,) * 3)
+    monkeypatch.setattr(v3, "backward_pass", lambda *args: calls.append("mosaic") or (None,) * 4)
     triton = types.SimpleNamespace(backward=lambda *args: calls.append(("triton", args[-1].tuning)) or (None,) * 4)
     monkeypatch.setattr(v3, "triton_v2", types.SimpleNamespace(IMPLEMENTATION=triton))
     for name, tuning, runtime in (
@@ -258,6 +271,11 @@ def test_backward_tiles_fit_as_measured():
     assert tuning().fits(256, 256, 2) and tuning().fits(192, 256, 2)  # with roles: one accumulator each
     assert tuning().registers(256, 256) == 192 and tuning().registers(128, 128) == 192
     assert not tuning(block_k=128).fits(256, 256, 2)  # the dK consumer: dK_j, Sᵀ, dPᵀ in 384
+    # A bias: its rings, in its dtype, and the dQ kernel's two tiles of its gradient.
+    with_bias = tuning().shared_memory(128, 128, 2) + 2 * 64 * 128 * 2 + 2 * 128 * 64 * 4  # dQ's: 2 stages of 64 keys
+    assert tuning().shared_memory(128, 128, 2, bias=2, bias_grad=4) == with_bias
+    assert tuning().fits(128, 128, 2, bias=2, bias_grad=2) and tuning().fits(64, 64, 2, True, bias=4, bias_grad=4)
+    assert not tuning().fits(128, 128, 2, bias=2, bias_grad=4) and not tuning().fits(256, 256, 2, bias=2, bias_grad=2)
     assert not tuning(dq_block_k=128).fits(256, 256, 2)  # dQ_i, S, dP in 256
     assert not tuning(block_k=128).fits(128, 128, 2)  # spilled: 25-40% slower
     assert not tuning(block_q=128).fits(128, 128, 2)  # spilled
@@ -377,27 +395,30 @@ def test_tiles_are_multiples_of_wgmma_s_rows():
 def test_a_bias_runs_on_the_triton_kernels_where_its_ring_does_not_fit(monkeypatch):
     """The forward takes a bias given at every query and key whose ring fits beside the
     smallest tiles (not at head dim 256; not one broadcast over the queries, which it
-    would materialise), and the backward never (the Triton dQ kernel writes the bias's
-    gradient); both hand the call to the Triton family with this family's tuning dropped."""
+    would materialise), and the backward one whose rings and gradient's tiles fit (not
+    at head dim 256, where the dQ kernel's consumers share their rows; not a float32
+    gradient beside a bias's ring at head dim 128); both hand the others to the Triton
+    family with this family's tuning dropped."""
     calls = []
     monkeypatch.setattr(v3, "forward_pass", lambda *args: calls.append("mosaic") or (None, None))
-    monkeypatch.setattr(v3, "backward_pass", lambda *args: calls.append("mosaic backward") or (None,) * 3)
+    monkeypatch.setattr(v3, "backward_pass", lambda *args: calls.append("mosaic backward") or (None,) * 4)
     triton = types.SimpleNamespace(
         forward=lambda inputs, config: calls.append(("triton", config.tuning)) or (None,) * 3,
         backward=lambda *args: calls.append(("triton backward", args[-1].tuning)) or (None,) * 4,
     )
     monkeypatch.setattr(v3, "triton_v2", types.SimpleNamespace(IMPLEMENTATION=triton))
     biased = (("causal", "bias"), ("d256_causal", "bias"), ("causal", "bias32+dense"), ("causal", "bias_keys"))
-    for name, runtime in (*biased, ("causal", "")):
+    taken = (("window_gqa_ragged_d80_v48", "bias"), ("full_d64", "bias32+dense"), ("causal", ""))
+    for name, runtime in (*biased, *taken):
         inputs, config = _call(*CALLS[name], runtime=runtime, tuning=v3.Tuning())
         v3._forward(inputs, config)
         v3._backward(inputs, None, None, None, None, config)
     assert calls == [
-        *("mosaic", ("triton backward", None)),
+        *("mosaic", ("triton backward", None)),  # batch 2, a bias per head: a float32 gradient
         *(("triton", None), ("triton backward", None)),
         *("mosaic", ("triton backward", None)),
         *(("triton", None), ("triton backward", None)),
-        *("mosaic", "mosaic backward"),
+        *("mosaic", "mosaic backward") * 3,
     ]
 
 
@@ -412,7 +433,7 @@ def test_segment_ids_take_key_tiles_of_at_most_128(monkeypatch):
     # The backward's query tiles: 128 rows at head dim 64, 64 where segment ids (or a
     # dense mask) mask single elements, as `v3._backward` asks for them.
     tiles = []
-    monkeypatch.setattr(v3, "backward_pass", lambda *args: tiles.append(args[-1].block_q) or (None,) * 3)
+    monkeypatch.setattr(v3, "backward_pass", lambda *args: tiles.append(args[-1].block_q) or (None,) * 4)
     for runtime in ("", "segments", "dense", "lengths"):
         inputs, config = _call(*CALLS["full_d64"], runtime=runtime)
         v3._backward(inputs, None, None, None, None, config)
@@ -748,41 +769,76 @@ def test_dense_masks_are_exact_on_the_gpu(case, persistent):
 
 
 # A bias beside every mask the forward's ring carries: GQA, a window and ragged lengths at
-# head dim 80; one shared by every head with segment ids in float16; with a soft cap and
-# rows that see no key.
+# head dim 80; one shared by every head with segment ids in float16 at head dim 128
+# (whose float32 gradient sends the backward to the Triton kernels) and with GQA at head
+# dim 64; a float32 one beside bf16 inputs, causal, with rows no tile multiple; with a
+# soft cap and rows that see no key. The second of each pair: whether the Mosaic
+# backward takes the call (`v3._backward_tuning`).
 BIAS_CASES = [
-    Case(
-        "bias_gqa_window_lengths_d80",
-        batch=(2,),
-        q_len=300,
-        kv_len=700,
-        num_heads=8,
-        num_kv_heads=2,
-        head_dim=80,
-        dtype="bfloat16",
-        causal=True,
-        window=(250, 0),
-        lengths="ragged",
-        bias="full",
+    (
+        Case(
+            "bias_gqa_window_lengths_d80",
+            batch=(2,),
+            q_len=300,
+            kv_len=700,
+            num_heads=8,
+            num_kv_heads=2,
+            head_dim=80,
+            dtype="bfloat16",
+            causal=True,
+            window=(250, 0),
+            lengths="ragged",
+            bias="full",
+        ),
+        True,
     ),
-    Case("bias_shared_segments_fp16", q_len=520, head_dim=128, dtype="float16", segments=3, bias="shared"),
-    Case(
-        "bias_soft_cap_empty_rows_d64",
-        q_len=1100,
-        head_dim=64,
-        dtype="bfloat16",
-        logits_soft_cap=20.0,
-        mask="empty_rows",
-        bias="full",
+    (Case("bias_shared_segments_fp16", q_len=520, head_dim=128, dtype="float16", segments=3, bias="shared"), False),
+    (
+        Case(
+            "bias_shared_gqa_causal_d64_fp16",
+            q_len=700,
+            num_heads=8,
+            num_kv_heads=2,
+            head_dim=64,
+            dtype="float16",
+            causal=True,
+            bias="shared",
+        ),
+        True,
+    ),
+    (
+        Case(
+            "bias_float32_causal_d64", batch=(2,), q_len=300, head_dim=64, dtype="bfloat16", causal=True, bias="full32"
+        ),
+        True,
+    ),
+    (
+        Case(
+            "bias_soft_cap_empty_rows_d64",
+            q_len=1100,
+            head_dim=64,
+            dtype="bfloat16",
+            logits_soft_cap=20.0,
+            mask="empty_rows",
+            bias="full",
+        ),
+        True,
     ),
 ]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("persistent", [False, True])
-@pytest.mark.parametrize("case", BIAS_CASES, ids=lambda case: case.name)
-def test_a_bias_is_exact_on_the_gpu(case, persistent):
+@pytest.mark.parametrize("case, mosaic_backward", BIAS_CASES, ids=lambda p: getattr(p, "name", str(p)))
+def test_a_bias_is_exact_on_the_gpu(case, mosaic_backward, persistent, monkeypatch, request):
     """The forward reading the bias tile by tile (`_ring.bias_stream`), with one program
-    per query tile and persistent programs, and the Triton backward from its lse, against
-    the float64 reference: outputs and the four gradients."""
+    per query tile and persistent programs, and the Mosaic backward (reading it in both
+    kernels, the dQ kernel writing its gradient and zeros where the mask hides a tile)
+    or the Triton one, each where the call goes, against the float64 reference: outputs
+    and the four gradients."""
+    taken = []
+    monkeypatch.setattr(v3, "backward_pass", lambda *args: taken.append(args) or mosaic_backward_pass(*args))
+    jax.clear_caches()
+    request.addfinalizer(jax.clear_caches)
     _assert_exact(case, v3.Tuning(persistent=persistent))
+    assert bool(taken) == mosaic_backward

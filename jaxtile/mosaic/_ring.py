@@ -151,11 +151,12 @@ class Stream(NamedTuple):
     copies: Callable | None = None
 
 
-def produce(steps, num_stages: int, streams: Sequence[Stream], done=0):
+def produce(steps, num_stages: int, streams: Sequence[Stream], done=0, each: Callable | None = None):
     """The producer's loop: fill the ring, then refill each slot with the tiles of step
     ``s`` once every consumer has freed that slot's tiles of step ``s - num_stages``.
     ``done``: the steps the ring served before these (a persistent program's earlier
-    tiles, `Schedule`); step ``s`` takes slot ``(done + s) % num_stages``."""
+    tiles, `Schedule`); step ``s`` takes slot ``(done + s) % num_stages``. ``each(s)``,
+    where given, runs once step ``s``'s copies are issued (work spread over the steps)."""
 
     def load(s, wait):
         slot = lax.rem(jnp.asarray(done + s, jnp.int32), jnp.int32(num_stages))
@@ -173,6 +174,8 @@ def produce(steps, num_stages: int, streams: Sequence[Stream], done=0):
                 copies = stream.copies(s)
                 pl.when(copies)(copy)
                 pl.when(jnp.logical_not(copies))(functools.partial(plgpu.barrier_arrive, stream.ready.at[slot]))
+        if each is not None:
+            each(s)
 
     if isinstance(done, int) and done == 0:
         for s in range(num_stages):
@@ -412,16 +415,19 @@ def dense_tiles(spec: MaskSpec, num_stages: int, rows: int, block_k: int):
     return (smem(jnp.int8, num_stages, rows, block_k),) if spec.has_dense_mask else ()
 
 
-def _scores_source(ref, *, b, rows, cols: int, step: Callable) -> Callable:
+def _scores_source(ref, *, b, rows, cols: int, step: Callable, transposed: bool = False) -> Callable:
     """`Stream.source` of an operand laid out as the scores, ``[1|batch, 1|heads, rows,
     cols]`` (a dense mask, transposed or not, or the bias): in batch element ``b``,
     ``rows`` (a `pl.ds`) by ``cols`` columns, step ``s`` taking ``step(s) = (head,
-    tile)``, the tile of the loop along the columns."""
+    tile)``, the tile of the loop along the columns. ``transposed``: ``ref`` is laid out
+    ``[..., cols, rows]`` (the bias read by dK/dV, whose rows are keys), and the tile
+    copied as it lies there."""
     b = b if ref.shape[0] > 1 else 0
 
     def source(s):
         h, j = step(s)
-        return ref.at[b, h if ref.shape[1] > 1 else 0, rows, pl.ds(j * cols, cols)]
+        tile = (pl.ds(j * cols, cols), rows) if transposed else (rows, pl.ds(j * cols, cols))
+        return ref.at[b, h if ref.shape[1] > 1 else 0, *tile]
 
     return source
 
@@ -464,12 +470,22 @@ def bias_stream(ref, ring, **where) -> tuple[Stream, ...]:
     return () if ring is None else (Stream(_scores_source(ref, **where), *ring),)
 
 
-def step_bias(ring, slot, row0, rows: int):
+def step_bias(ring, slot, row0, rows: int, transposed: bool = False):
     """Rows ``row0`` to ``row0 + rows - 1`` of this step's tile of the bias from its
-    ``ring`` (`step_tile`), a float32 ``wgmma`` tile; None where the call has no bias."""
+    ``ring`` (`step_tile`), a float32 ``wgmma`` tile; None where the call has no bias.
+    ``transposed``: the ring's tiles hold queries by keys (`_scores_source`) where the
+    consumer's rows are keys, so its columns are read, transposed on the way (a shuffle
+    between lane pairs)."""
     if ring is None:
         return None
-    return step_tile(ring, slot, lambda tile: _load(tile.at[pl.ds(row0, rows)], plgpu.Layout.WGMMA).astype(jnp.float32))
+
+    def read(tile):
+        if not transposed:
+            return _load(tile.at[pl.ds(row0, rows)], plgpu.Layout.WGMMA).astype(jnp.float32)
+        columns = tile.at[:, pl.ds(row0, rows)].transpose((1, 0))
+        return plgpu.layout_cast(_load(columns, plgpu.Layout.WGMMA_TRANSPOSED), plgpu.Layout.WGMMA).astype(jnp.float32)
+
+    return step_tile(ring, slot, read)
 
 
 def step_dense(ring, slot, masked: bool, row0, rows: int):
@@ -530,16 +546,16 @@ class KeyRing(NamedTuple):
     ready: tuple
     free: tuple
 
-    def produce(self, *, b, h_kv, first, steps, block_k: int, num_stages: int, done=0, extra=()):
-        """The producer's part (`produce`, which ``done`` is passed to): key tiles
-        ``first`` to ``first + steps - 1`` of batch element ``b`` and kv head ``h_kv``,
+    def produce(self, *, b, h_kv, first, steps, block_k: int, num_stages: int, done=0, extra=(), each=None):
+        """The producer's part (`produce`, which ``done`` and ``each`` are passed to): key
+        tiles ``first`` to ``first + steps - 1`` of batch element ``b`` and kv head ``h_kv``,
         and the ``extra`` streams (`dense_stream`)."""
 
         def source(ref):
             return lambda s: rows_of(ref, b, pl.ds((first + s) * block_k, block_k), h_kv)
 
         streams = [Stream(source(ref), *ring) for ref, *ring in zip(*self, strict=True)]
-        produce(steps, num_stages, [*streams, *extra], done)
+        produce(steps, num_stages, [*streams, *extra], done, each)
 
     def step_ids(self, slot, masked: bool):
         """`step_ids` of the keys' stream (None without segment ids)."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -32,7 +33,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu  # the Pallas API of jax 0.10.2 to 0.12
 
 from jaxtile import _softmax as sm
-from jaxtile._core import Config, Inputs, Shape
+from jaxtile._core import Config, Inputs, Shape, bias_grad_dtype
 from jaxtile.mask import MaskSpec
 from jaxtile.mosaic import _ring
 from jaxtile.mosaic._ring import CONSUMERS, SHARED_MEMORY, WGMMA_ROWS, along, pad_to, padded, smem
@@ -96,18 +97,24 @@ class BackwardTuning:
         """The sequence lengths padded to whole tiles of both kernels."""
         return padded(q_len, CONSUMERS * self.block_q), padded(kv_len, math.lcm(CONSUMERS * self.block_k, self.dq_keys))
 
-    def shared_memory(self, head_dim: int, head_dim_v: int, itemsize: int, dense: bool = False) -> int:
+    def shared_memory(
+        self, head_dim: int, head_dim_v: int, itemsize: int, dense: bool = False, bias: int = 0, bias_grad: int = 0
+    ) -> int:
         """Bytes of the larger kernel's tiles: the rows its programs own and its ring (with
-        a ``dense`` mask, its int8 tiles of all the program's rows too); in dK/dV, the
-        float32 parts of dK, dV of a share reuse the memory of both."""
+        a ``dense`` mask, its int8 tiles of all the program's rows too, and with a bias its
+        tiles of ``bias`` bytes a score); in dK/dV, the float32 parts of dK, dV of a share
+        reuse the memory of both; in dQ, with a bias, two tiles of its gradient
+        (``bias_grad`` bytes a score): the one each consumer writes from, and zeros."""
         roles = _roles(head_dim, head_dim_v)
         width = (head_dim + head_dim_v) * itemsize
         stats = 3 * 4  # L_i, D_i and a segment id per query row
+        scores = int(dense) + bias
         keys = _tiles(roles) * self.block_k
-        tiles = keys * width + self.num_stages * self.block_q * (width + stats + (keys if dense else 0))
+        tiles = keys * width + self.num_stages * self.block_q * (width + stats + keys * scores)
         dkdv = max(tiles, keys * (head_dim + head_dim_v) * 4) + keys * 4  # the parts reuse the tiles
         own_rows = _tiles(roles) * self.block_q
-        dq = own_rows * (width + stats) + self.num_stages * self.dq_keys * (width + 4 + (own_rows if dense else 0))
+        dq = own_rows * (width + stats + 2 * self.dq_keys * bias_grad)
+        dq += self.num_stages * self.dq_keys * (width + 4 + own_rows * scores)
         return max(dkdv, dq)
 
     def registers(self, head_dim: int, head_dim_v: int) -> int:
@@ -121,20 +128,25 @@ class BackwardTuning:
         dq = self.block_q * (head_dim + 2 * self.dq_keys)
         return max(dkdv, dq) // 128
 
-    def fits(self, head_dim: int, head_dim_v: int, itemsize: int, dense: bool = False) -> bool:
+    def fits(
+        self, head_dim: int, head_dim_v: int, itemsize: int, dense: bool = False, bias: int = 0, bias_grad: int = 0
+    ) -> bool:
         """Whether both kernels' tiles fit in shared memory (`shared_memory`) and their
         accumulators and scores in `_REGISTERS`; with roles, whether each slot of the dQ
-        kernel's ring serves one consumer (an even number of stages)."""
+        kernel's ring serves one consumer (an even number of stages), and that the call
+        has no bias (whose gradient the dQ kernel writes by rows, which roles share)."""
+        roles = _roles(head_dim, head_dim_v)
         return (
-            (not _roles(head_dim, head_dim_v) or self.num_stages % CONSUMERS == 0)
+            (not roles or (self.num_stages % CONSUMERS == 0 and not bias))
             and self.registers(head_dim, head_dim_v) <= _REGISTERS
-            and self.shared_memory(head_dim, head_dim_v, itemsize, dense) <= SHARED_MEMORY
+            and self.shared_memory(head_dim, head_dim_v, itemsize, dense, bias, bias_grad) <= SHARED_MEMORY
         )
 
 
 def default_backward_tuning(head_dim: int, head_dim_v: int, masks_elements: bool = False) -> BackwardTuning:
     """Query tiles of 128 rows where both head dims are at most 64 and no runtime array
-    masks single elements (`MaskSpec.masks_elements`), else of 64, and the dQ kernel's
+    masks single elements (`MaskSpec.masks_elements`) and no bias is added to them (its
+    callers pass ``masks_elements`` for either), else of 64, and the dQ kernel's
     key tiles as dK/dV's (measured by ``python -m bench.tune --impl mosaic_v3`` at 4K,
     fwd+bwd: at head dim 64, 128 rows are 5% faster non-causal on an H100 and 6% on an
     H200, causal 2% slower and 1% faster; at head dim 128 they are 24-40% slower on the
@@ -150,20 +162,22 @@ def default_backward_tuning(head_dim: int, head_dim_v: int, masks_elements: bool
     return BackwardTuning(block_q=128 if wide else 64)
 
 
-def _scores_grad(p, dp, delta, pre, logits: sm.Logits, visible, axis: int):
-    """Line 14: ``dS = P ∘ (dP - D)`` taken back to ``q·k``; ``axis`` is the one ``D``
-    runs along (0: rows are queries, 1: columns are)."""
-    ds = logits.grad(p * (dp - along(delta, dp.shape, axis)), pre)
-    return ds if visible is None else jnp.where(visible, ds, 0.0)
+def _scores_grad(p, dp, delta, pre, logits: sm.Logits, visible, axis: int, of_logit: bool = False):
+    """Line 14: ``dS = P ∘ (dP - D)`` taken back to ``q·k``, or with ``of_logit`` to the
+    logit (the bias's gradient; `jaxtile._softmax.score_grad`); ``axis`` is the one
+    ``D`` runs along (0: rows are queries, 1: columns are)."""
+    return sm.score_grad(p, dp, along(delta, dp.shape, axis), pre, logits, visible, of_logit=of_logit)
 
 
-def _products(*products):
+def _products(*products, meanwhile: Callable | None = None):
     """``acc + a @ b`` for each ``(acc, a, b)`` (``acc`` None: from zero), issued as one
-    group of ``wgmma``s that is waited for once."""
+    group of ``wgmma``s that is waited for once, after ``meanwhile()`` where given."""
 
     def issue(refs):
         for ref, (_, a, b) in zip(refs, products):
             plgpu.wgmma(ref, a, b)
+        if meanwhile is not None:
+            meanwhile()
 
     accs = []
     for acc, a, b in products:
@@ -202,18 +216,30 @@ def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning, roles: bool):
     steps). With ``roles`` both consumers take the same rows and every other key tile
     (the ring's slots alternate between them), each summing its part of ``dQ_i``; the
     second's part reaches the first through shared memory once both are done, and is
-    added in that order (deterministic). ``refs``: the operands, the runtime parts of the
-    mask the call has (`_ring.runtime_operands`), dq and the shared memory."""
-    q_ref, k_ref, v_ref, do_ref, lse2_ref, delta_ref, *runtime, dq_ref, scoped = refs
+    added in that order (deterministic).
+
+    With a bias (never with ``roles``), its tiles ride the ring and the kernel writes
+    its gradient, ``dS`` before the scale (`Logits.logit_grad`), tile by tile through
+    shared memory; the producer writes zeros on the key tiles hidden from the rows of
+    the mirror query tile (``q_tiles - 1 - t``: under a causal mask, about as many as
+    this tile's steps), from a tile the consumers zero. ``refs``: the operands, the
+    bias, the runtime parts of the mask the call has (`_ring.runtime_operands`), dq, the
+    bias's gradient and the shared memory."""
+    *refs, scoped = refs
+    dbias_ref = refs.pop() if logits.bias else None
+    q_ref, k_ref, v_ref, do_ref, lse2_ref, delta_ref, *runtime, dq_ref = refs
+    bias_ref = runtime.pop(0) if logits.bias else None
     ids, lengths_ref, dense_ref, bounds_ref = _ring.runtime_refs(spec, runtime)
-    (own, ring), (own_ready, ready, free, done, handed) = scoped
+    (own, ring, grad), (own_ready, ready, free, done, handed, zeroed) = scoped
     ring, (part,) = ring if roles else (ring, (None,))
+    bias_ring = (ring[-1], ready[-1], free[-1]) if logits.bias else None
     (k_smem, v_smem, *_), (k_ready, v_ready, *_), (k_free, v_free, *_) = ring, ready, free
     keys, dense_ring = _ring.split_ring(_ring.KeyRing, (k_ref, v_ref, *ids[1:]), ring, ready, free, spec)
     bq, bk, stages = tuning.block_q, tuning.dq_keys, tuning.num_stages
     rows = _tiles(roles) * bq
+    q_tiles = dims.q_len // rows
     h, b, wg = lax.axis_index("heads"), lax.axis_index("batch"), lax.axis_index("wg")
-    t = _ring.query_tile(spec, dims.q_len // rows, lax.axis_index("q_tiles"))
+    t = _ring.query_tile(spec, q_tiles, lax.axis_index("q_tiles"))
     spans, first, steps = _ring.key_spans(spec, rows, bk, t, b, bounds_ref, h)
 
     @pl.when(wg < CONSUMERS)
@@ -234,6 +260,20 @@ def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning, roles: bool):
         lse2, delta = _ring.load_stat(own[2].at[tile], 0), _ring.load_stat(own[3].at[tile], 0)
         q_segment = _ring.load_stat(own[4].at[tile], 0) if spec.has_segments else None
         lengths = _ring.read_lengths(lengths_ref, b)
+        if logits.bias:  # this consumer's rows of the producer's tile of zeros
+            zeros = grad[1].at[pl.ds(tile * bq, bq)]
+            zeros[...] = plgpu.layout_cast(jnp.zeros((bq, bk), zeros.dtype), plgpu.Layout.WGMMA)
+            plgpu.commit_smem()
+            plgpu.barrier_arrive(zeroed)
+
+        def store_bias_grad(dlogit, j):
+            """The bias's gradient of this step's tile, written through shared memory once
+            the previous step's has been read out of it."""
+            staging = grad[0].at[tile]
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+            staging[...] = dlogit.astype(staging.dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(staging, dbias_ref.at[b, h, pl.ds(row0, bq), pl.ds(j * bk, bk)])
 
         def step(masked: bool, j, dq_i):
             slot = lax.rem(j - first, jnp.int32(stages))
@@ -243,7 +283,7 @@ def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning, roles: bool):
             # Lines 9-13: S_ij = Q_i K_jᵀ, dP_ij = dO_i V_jᵀ; P_ij = exp2(S_ij - L_i).
             scores, dp = _products((None, q_i, k_j.transpose((1, 0))), (None, do_i, v_j.transpose((1, 0))))
             plgpu.barrier_arrive(v_free.at[slot])
-            pre = logits.pre(scores)
+            pre = logits.pre(scores, _ring.step_bias(bias_ring, slot, tile * bq, bq))  # the bias rides the ring
             kv_segment = keys.step_ids(slot, masked)  # the keys' ids ride the ring, as the dense mask
             dense = _ring.step_dense(dense_ring, slot, masked, tile * bq, bq)
             p = jnp.exp2(pre * logits.factor - along(lse2, pre.shape, 0))
@@ -252,9 +292,14 @@ def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning, roles: bool):
                 runtime = dict(lengths=lengths, own_ids=q_segment, step_ids=kv_segment, dense=dense)
                 visible = _ring.visible(spec, (row0, j * bk), pre.shape, 0, **runtime)
                 p = jnp.where(visible, p, 0.0)
-            ds, inv_scale = _rounded(_scores_grad(p, dp, delta, pre, logits, visible, 0), k_ref.dtype)
+            ds = _scores_grad(p, dp, delta, pre, logits, visible, 0, of_logit=logits.bias)
+            store = None
+            if logits.bias:  # written while the tensor cores take dQ's product
+                store = functools.partial(store_bias_grad, ds, j)
+                ds = ds * logits.scale
+            ds, inv_scale = _rounded(ds, k_ref.dtype)
             # Line 15: dQ_i += dS_ij K_j.
-            (product,) = _products((_accumulator(dq_i, inv_scale), ds, k_j))
+            (product,) = _products((_accumulator(dq_i, inv_scale), ds, k_j), meanwhile=store)
             plgpu.barrier_arrive(k_free.at[slot])
             return _unscaled(dq_i, product, inv_scale)
 
@@ -299,7 +344,26 @@ def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning, roles: bool):
         h_kv = lax.div(h, jnp.int32(dims.group))
         where = dict(b=b, rows=pl.ds(t * rows, rows), cols=bk, step=lambda s: (h, first + s))
         extra = _ring.dense_stream(dense_ref, dense_ring, spans, **where)
-        keys.produce(b=b, h_kv=h_kv, first=first, steps=steps, block_k=bk, num_stages=stages, extra=extra)
+        extra += _ring.bias_stream(bias_ref, bias_ring, **where)
+        if not logits.bias:
+            keys.produce(b=b, h_kv=h_kv, first=first, steps=steps, block_k=bk, num_stages=stages, extra=extra)
+            return
+        # The mirror tile's hidden key tiles lie before and after its spans (contiguous).
+        mirror = q_tiles - 1 - t
+        _, mirror_first, mirror_steps = _ring.key_spans(spec, rows, bk, mirror, b, bounds_ref, h)
+        hidden = dims.kv_len // bk - mirror_steps
+
+        def zero(n):
+            pl.when(jnp.asarray(n) == 0)(functools.partial(plgpu.barrier_wait, zeroed))
+            j = jnp.where(n < mirror_first, n, n + mirror_steps)
+            plgpu.copy_smem_to_gmem(grad[1], dbias_ref.at[b, h, pl.ds(mirror * rows, rows), pl.ds(j * bk, bk)])
+
+        def each(s):  # one tile of zeros a step, the rest after the last
+            pl.when(s < hidden)(functools.partial(zero, s))
+
+        keys.produce(b=b, h_kv=h_kv, first=first, steps=steps, block_k=bk, num_stages=stages, extra=extra, each=each)
+        pl.loop(steps, hidden)(zero)
+        plgpu.wait_smem_to_gmem(0)
 
 
 def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int, roles: bool):
@@ -308,13 +372,16 @@ def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int, roles
     streams ``Q_i``, ``dO_i``, ``L_i`` and ``D_i`` of each (head of the share, query
     tile) in turn. With several shares, each writes its float32 part of dK_j, dV_j
     through tiles that reuse the memory of K_j, V_j and the ring. ``refs``: the operands,
+    the bias (whose tiles ride the ring as they lie, queries by keys, read transposed),
     the runtime parts of the mask the call has (`_ring.runtime_operands`, transposed; the
     queries' segment ids ride the ring, as the dense mask's tiles on masked steps, whose
     spans are those of every head of the group), dk, dv and the shared memory."""
     q_ref, k_ref, v_ref, do_ref, lse2_ref, delta_ref, *runtime, dk_ref, dv_ref, scoped = refs
+    bias_ref = runtime.pop(0) if logits.bias else None
     ids, lengths_ref, dense_ref, bounds_ref = _ring.runtime_refs(spec, runtime)
     (memory, own_ids), (own_ready, consumed, ready, free) = scoped
     ((k_smem, v_smem), ring), (dk_smem, dv_smem) = memory if splits > 1 else (memory, memory[0])
+    bias_ring = (ring[-1], ready[-1], free[-1]) if logits.bias else None
     (q_smem, do_smem, lse_smem, delta_smem, *_) = ring
     (q_ready, do_ready, lse_ready, delta_ready, *_), (q_free, do_free, lse_free, delta_free, *_) = ready, free
     streams = (q_ref, do_ref, lse2_ref, delta_ref, *ids[:1])
@@ -357,7 +424,7 @@ def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int, roles
             if role != "dv":
                 products.append((None, v_j, do_i.transpose((1, 0))))
             scores_t, *dp_t = _products(*products)
-            pre_t = logits.pre(scores_t)
+            pre_t = logits.pre(scores_t, _ring.step_bias(bias_ring, slot, tile * bk, bk, transposed=True))
             plgpu.barrier_wait(lse_ready.at[slot])
             lse2 = _ring.load_stat(lse_smem.at[slot], 1)
             plgpu.barrier_arrive(lse_free.at[slot])
@@ -424,6 +491,7 @@ def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int, roles
         plgpu.set_max_registers(_ring.PRODUCER_REGISTERS, action="decrease")
         where = dict(b=b, rows=pl.ds(j * keys, keys), cols=bq, step=query_step)
         extra = _ring.dense_stream(dense_ref, dense_ring, spans, **where)
+        extra += _ring.bias_stream(bias_ref, bias_ring, transposed=True, **where)
         queries.produce(step=query_step, steps=group * per_head, block_q=bq, num_stages=stages, extra=extra)
 
 
@@ -450,10 +518,11 @@ def backward_temporaries(shape: Shape, tuning: BackwardTuning) -> int:
 
 
 def backward_pass(inputs: Inputs, out, lse, dout, dlse, config: Config, tuning: BackwardTuning):
-    """``(dq, dk, dv)`` of the structured call, from the forward's ``out`` and natural-log
-    ``lse [batch, heads, q_len]`` and the cotangents of both. Head dims are zero-padded to
-    multiples of 64 and sequences to the tiles; padded rows get an lse of ``+inf`` (no
-    probability) and padded keys are masked."""
+    """``(dq, dk, dv, dbias)`` of the structured call (`_core.Backward`; dbias None without
+    a bias), from the forward's ``out`` and natural-log ``lse [batch, heads, q_len]`` and
+    the cotangents of both. Head dims are zero-padded to multiples of 64 and sequences
+    (and the bias) to the tiles; padded rows get an lse of ``+inf`` (no probability) and
+    padded keys are masked."""
     dims = Shape.of(inputs.q, inputs.k, inputs.v)
     head_dim, head_dim_v = padded(dims.head_dim, WGMMA_ROWS), padded(dims.head_dim_v, WGMMA_ROWS)
     bq, bk, stages = tuning.block_q, tuning.block_k, tuning.num_stages
@@ -468,7 +537,10 @@ def backward_pass(inputs: Inputs, out, lse, dout, dlse, config: Config, tuning: 
     v = pad_to(pad_to(inputs.v, 3, head_dim_v), 1, kv_len)
     dims_p = dataclasses.replace(dims, q_len=q_len, kv_len=kv_len, head_dim=head_dim, head_dim_v=head_dim_v)
     statics = dict(spec=config.mask, logits=config.logits, dims=dims_p, tuning=tuning)
-    dtype, operands, mask = q.dtype, (q, k, v, do, lse2, delta), config.mask
+    dtype, mask = q.dtype, config.mask
+    operands = (q, k, v, do, lse2, delta)
+    if inputs.bias is not None:
+        operands += (_ring.bias_operand(inputs.bias, mask, q_len, kv_len),)
 
     roles = _roles(head_dim, head_dim_v)
     tiles = _tiles(roles)
@@ -484,6 +556,7 @@ def backward_pass(inputs: Inputs, out, lse, dout, dlse, config: Config, tuning: 
     ring = (smem(dtype, stages, bq, head_dim), smem(dtype, stages, bq, head_dim_v))
     ring += (plgpu.SMEM((stages, bq), jnp.float32), plgpu.SMEM((stages, bq), jnp.float32))
     ring += _ring.segment_tiles(mask, stages, bq) + _ring.dense_tiles(mask, stages, tiles * bk, bq)
+    ring += _ring.bias_tiles(inputs.bias, stages, bq, tiles * bk)
     memory = (own, ring)
     if splits > 1:  # float32 parts of dK, dV, summed below in a fixed order (deterministic)
         parts = (smem(jnp.float32, tiles, bk, head_dim), smem(jnp.float32, tiles, bk, head_dim_v))
@@ -511,26 +584,33 @@ def backward_pass(inputs: Inputs, out, lse, dout, dlse, config: Config, tuning: 
             for x in (dk, dv)
         )
     # dQ: each consumer's Q_i, dO_i, L_i, D_i (and the rows' ids); a ring of K_j, V_j (and
-    # the keys' ids, the dense mask's tiles).
+    # the keys' ids, the dense mask's and the bias's tiles); with a bias, the tiles of its
+    # gradient (`_dq_kernel`).
     dq_bk = tuning.dq_keys
     own = (*own_tiles(bq), plgpu.SMEM((tiles, bq), jnp.float32), plgpu.SMEM((tiles, bq), jnp.float32))
     own += _ring.segment_tiles(mask, tiles, bq)
     ring = (smem(dtype, stages, dq_bk, head_dim), smem(dtype, stages, dq_bk, head_dim_v))
     ring += _ring.segment_tiles(mask, stages, dq_bk) + _ring.dense_tiles(mask, stages, tiles * bq, dq_bk)
+    ring += _ring.bias_tiles(inputs.bias, stages, tiles * bq, dq_bk)
     barriers = (_ring.own_barriers(own), *_ring.ring_barriers(ring, 1 if roles else CONSUMERS))
     if roles:  # one consumer frees each slot; the second's float32 part of dQ_i reuses the ring
         barriers += (plgpu.Barrier(num_arrivals=CONSUMERS), plgpu.Barrier(num_arrivals=1))
         ring = plgpu.RefUnion(ring, (smem(jnp.float32, bq, head_dim),))
     else:
         barriers += (None, None)
-    (dq,) = _ring.launch(
+    out_type, grad = (jax.ShapeDtypeStruct(q.shape, dtype),), None
+    if inputs.bias is not None:
+        grad_dtype = bias_grad_dtype(inputs)
+        out_type += (jax.ShapeDtypeStruct((dims.batch, dims.num_heads, q_len, kv_len), grad_dtype),)
+        grad = (smem(grad_dtype, tiles, bq, dq_bk), smem(grad_dtype, tiles * bq, dq_bk))
+    dq, *dbias = _ring.launch(
         functools.partial(_dq_kernel, roles=roles, **statics),
         (*operands, *_ring.runtime_operands(inputs, mask, q_len, kv_len, tiles * bq, dq_bk)),
-        (jax.ShapeDtypeStruct(q.shape, dtype),),
+        out_type,
         (dims.num_heads, q_len // (tiles * bq), dims.batch),
         ("heads", "q_tiles", "batch"),
         CONSUMERS,
-        ((own, ring), barriers),
+        ((own, ring, grad), (*barriers, None if grad is None else plgpu.Barrier(num_arrivals=CONSUMERS))),
     )
     crop = (slice(None), slice(None, dims.q_len), slice(None))
     keys = (slice(None), slice(None, dims.kv_len), slice(None))
@@ -538,4 +618,5 @@ def backward_pass(inputs: Inputs, out, lse, dout, dlse, config: Config, tuning: 
         dq[(*crop, slice(None, dims.head_dim))],
         dk[(*keys, slice(None, dims.head_dim))],
         dv[(*keys, slice(None, dims.head_dim_v))],
+        dbias[0][:, :, : dims.q_len, : dims.kv_len] if dbias else None,
     )

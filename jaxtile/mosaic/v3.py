@@ -44,7 +44,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu  # the Pallas API of jax
 
 from jaxtile import _softmax as sm
 from jaxtile import registry
-from jaxtile._core import Config, Inputs, Shape
+from jaxtile._core import Config, Inputs, Shape, bias_grad_dtype
 from jaxtile.mask import MaskSpec
 from jaxtile.mosaic import _ring
 from jaxtile.mosaic._ring import CONSUMERS, SHARED_MEMORY, WGMMA_ROWS, along, pad_to, padded, smem
@@ -507,13 +507,19 @@ def _triton(config: Config) -> Config:
     return dataclasses.replace(config, tuning=None) if isinstance(config.tuning, Tuning) else config
 
 
-def _takes_bias(inputs: Inputs, config: Config) -> bool:
-    """Whether the forward's ring takes the call's bias: one given at every query and key
-    (`_ring.bias_operand` would materialise a bias broadcast over either, which the
-    Triton kernels read in place), whose ring fits beside the smallest tiles (not at
-    head dim 256)."""
+def _bias_everywhere(inputs: Inputs) -> bool:
+    """Whether the call's bias is given at every query and key (`_ring.bias_operand` would
+    materialise one broadcast over either, which the Triton kernels read in place)."""
     dims = Shape.of(inputs.q, inputs.k, inputs.v)
-    if inputs.bias.shape[2:] != (dims.q_len, dims.kv_len):
+    return inputs.bias.shape[2:] == (dims.q_len, dims.kv_len)
+
+
+def _takes_bias(inputs: Inputs, config: Config) -> bool:
+    """Whether the forward's ring takes the call's bias: one given everywhere
+    (`_bias_everywhere`) whose ring fits beside the smallest tiles (not at head dim
+    256)."""
+    dims = Shape.of(inputs.q, inputs.k, inputs.v)
+    if not _bias_everywhere(inputs):
         return False
     head_dim, head_dim_v, tuning, score_bytes = _plan(inputs, config)
     return tuning.shared_memory(head_dim, head_dim_v, dims.itemsize, score_bytes) <= SHARED_MEMORY
@@ -528,19 +534,32 @@ def _forward(inputs: Inputs, config: Config):
     return out, lse, lse
 
 
-def _backward(inputs: Inputs, out, lse, dout, dlse, config: Config):
-    """The Mosaic backward kernels where their tiles fit (`BackwardTuning.fits`: at the
-    default tiles, every head dim up to 256), else, and with a bias (whose gradient the
-    Triton dQ kernel writes), the Triton family's (`_triton`); ``(dq, dk, dv, dbias)``."""
+def _backward_tuning(inputs: Inputs, config: Config) -> BackwardTuning | None:
+    """The Mosaic backward kernels' tuning for the call (the config's, or the default
+    for its head dims and mask, `Tuning.backward_for`), or None where their tiles do not
+    fit (`BackwardTuning.fits`: at the default tiles, every head dim up to 256, and up
+    to 128 with a bias) or the bias is not given everywhere (`_bias_everywhere`)."""
     dims = Shape.of(inputs.q, inputs.k, inputs.v)
     head_dim, head_dim_v = padded(dims.head_dim, WGMMA_ROWS), padded(dims.head_dim_v, WGMMA_ROWS)
-    dense = config.mask.has_dense_mask
+    bias = inputs.bias is not None
     tuning = (config.tuning if isinstance(config.tuning, Tuning) else Tuning()).backward_for(
-        head_dim, head_dim_v, config.mask.masks_elements
+        head_dim, head_dim_v, config.mask.masks_elements or bias
     )
-    if inputs.bias is not None or not tuning.fits(head_dim, head_dim_v, dims.itemsize, dense):
+    scores = {}
+    if bias:
+        if not _bias_everywhere(inputs):
+            return None
+        scores = dict(bias=jnp.dtype(inputs.bias.dtype).itemsize, bias_grad=jnp.dtype(bias_grad_dtype(inputs)).itemsize)
+    return tuning if tuning.fits(head_dim, head_dim_v, dims.itemsize, config.mask.has_dense_mask, **scores) else None
+
+
+def _backward(inputs: Inputs, out, lse, dout, dlse, config: Config):
+    """The Mosaic backward kernels where they take the call (`_backward_tuning`), else the
+    Triton family's (`_triton`); ``(dq, dk, dv, dbias)``."""
+    tuning = _backward_tuning(inputs, config)
+    if tuning is None:
         return triton_v2.IMPLEMENTATION.backward(inputs, out, lse, dout, dlse, _triton(config))
-    return (*backward_pass(inputs, out, lse, dout, dlse, config, tuning), None)
+    return backward_pass(inputs, out, lse, dout, dlse, config, tuning)
 
 
 IMPLEMENTATION = registry.register(

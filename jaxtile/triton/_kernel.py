@@ -29,7 +29,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from jaxtile import _softmax as sm
-from jaxtile._core import Config, Inputs, Shape
+from jaxtile._core import Config, Inputs, Shape, bias_grad_dtype
 from jaxtile._softmax import Logits
 from jaxtile.mask import MaskSpec, cdiv
 from jaxtile.triton.tuning import KernelTuning
@@ -493,13 +493,11 @@ def runtime_inputs(inputs: Inputs) -> list[jax.Array]:
 
 def scores_grad(inputs: Inputs, dims: Shape) -> list[jax.ShapeDtypeStruct]:
     """``[dbias]``, the output of a kernel that writes the bias's gradient as ``[batch,
-    num_heads, q_len, kv_len]`` (`_core.Backward`), or ``[]`` without a bias: float32,
-    to be summed over what the bias broadcasts, or the bias's dtype when it broadcasts
-    nothing (written once, in its final form)."""
+    num_heads, q_len, kv_len]`` in `_core.bias_grad_dtype`, or ``[]`` without a bias."""
     if inputs.bias is None:
         return []
     shape = (dims.batch, dims.num_heads, dims.q_len, dims.kv_len)
-    return [jax.ShapeDtypeStruct(shape, inputs.bias.dtype if inputs.bias.shape == shape else jnp.float32)]
+    return [jax.ShapeDtypeStruct(shape, bias_grad_dtype(inputs))]
 
 
 def tile_bounds(inputs: Inputs, spec: MaskSpec, block_q: int, block_k: int, *, transposed: bool) -> list[jax.Array]:
