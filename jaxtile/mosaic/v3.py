@@ -26,7 +26,8 @@ and an lse of ``-inf``.
 
 The backward pass recomputes attention from the lse this forward saves, in the two
 kernels of `jaxtile.mosaic.backward` where their tiles fit (every head dim up to 256 at
-the default tiles), else, and with a bias, in the Triton family's (`jaxtile.triton.v2`).
+the default tiles; up to 128 with a bias, `_backward_tuning`), else in the Triton
+family's (`jaxtile.triton.v2`).
 """
 
 from __future__ import annotations
