@@ -9,6 +9,7 @@
 #   bash bench/gpu_session.sh decode OUT [ARGS...] # python -m bench.decode: decode vs the copy bandwidth and cuDNN
 #   bash bench/gpu_session.sh ab OUT A B [ARGS...] # python -m bench.ab: two versions (directories), each in its own process with the peers
 #   bash bench/gpu_session.sh tune OUT [ARGS...]   # python -m bench.tune: launch parameters of the kernels
+#   bash bench/gpu_session.sh script OUT FILE.py   # a record script (bench/results/...) with the peers installed
 #   bash bench/gpu_session.sh parity OUT [IMPL...] # parity --full, one process per implementation (and shard)
 #   bash bench/gpu_session.sh bench OUT            # the matmul ceiling and the benchmark preset
 #   bash bench/gpu_session.sh ring OUT             # ring attention on 2 GPUs, then stress and soak
@@ -64,6 +65,10 @@ ab)
     b=$2
     shift 2
     python -m bench.ab "$a" "$b" --out "$out/ab.json" "$@" 2>&1 | tee "$out/ab.log" | tail -40
+    ;;
+script)
+    peers
+    python "$@" 2>&1 | grep -v "^WARNING:absl:Autotuning cache miss\|^\[bench\]" | tee "$out/$(basename "$1" .py).log"
     ;;
 tune)
     python -m bench.tune --out "$out/tune.json" "$@" 2>&1 | tee "$out/tune.log"

@@ -221,7 +221,7 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
     bias_ref = runtime.pop(0) if logits.bias else None
     order_ref = runtime.pop() if schedule.ordered else None
     ids, lengths_ref, dense_ref, bounds_ref = _ring.runtime_refs(spec, runtime)
-    (own, ring, o_smem, lse_smem), (own_ready, ready, free), turn = scoped
+    (own, ring, o_smem), (own_ready, ready, free), turn = scoped
     bias_ring = (ring[-1], ready[-1], free[-1]) if logits.bias else None
     (k_smem, v_smem, *_), (k_ready, v_ready, *_), (k_free, v_free, *_) = ring, ready, free
     keys, dense_ring = _ring.split_ring(_ring.KeyRing, (k_ref, v_ref, *ids[1:]), ring, ready, free, spec)
@@ -343,10 +343,9 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)
             o_tile = q_tile if o_smem is None else o_smem.at[wg]  # the queries' tile, when it fits
             o_tile[...] = out.astype(o_ref.dtype)
-            lse_smem.at[wg][...] = lse
+            lse_ref.at[b, h, pl.ds(row0, bq)][...] = lse  # from registers: no tile of its own
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(o_tile, o_ref.at[b, pl.ds(row0, bq), h])
-            plgpu.copy_smem_to_gmem(lse_smem.at[wg], lse_ref.at[b, h, pl.ds(row0, bq)])
             return done + steps
 
         if persistent:
@@ -471,7 +470,6 @@ def forward_pass(inputs: Inputs, config: Config):
                 own,
                 ring,
                 smem(dtype, CONSUMERS, bq, head_dim_v) if tuning.own_output(head_dim, head_dim_v) else None,
-                plgpu.SMEM((CONSUMERS, bq), jnp.float32),
             ),
             (_ring.own_barriers(own), *_ring.ring_barriers(ring)),
             plgpu.Barrier(num_arrivals=CONSUMERS),
