@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import re
 import types
 
 import jax
@@ -15,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.experimental import pallas as pl
+from jax.experimental.mosaic.gpu import core as mosaic_gpu_core
 from jax_settings import SETTINGS
 
 import jaxtile
@@ -98,7 +100,9 @@ RUNTIME = ["segments", "lengths", "segments+lengths"]
 
 
 @pytest.mark.parametrize("persistent", [False, True])
-@pytest.mark.parametrize("runtime", [*RUNTIME, "dense", "dense1+lengths", "dense+segments", "bias", "bias32+dense"])
+@pytest.mark.parametrize(
+    "runtime", [*RUNTIME, "dense", "dense1+lengths", "dense+segments", "bias", "bias32+dense", "bias+segments"]
+)
 @pytest.mark.parametrize("name", ["causal", "window_gqa_ragged_d80_v48", "two_sided_window_soft_cap"])
 def test_the_forward_kernel_lowers_with_runtime_masks(name, runtime, persistent):
     """With segment ids, lengths or a dense mask the kernel also reads the tile bounds
@@ -119,6 +123,32 @@ def test_the_forward_kernel_lowers_with_runtime_masks(name, runtime, persistent)
         inputs.q.shape[2],
         inputs.q.shape[1],
     )
+
+
+@pytest.mark.parametrize(
+    "name, runtime, tuning",
+    [
+        ("causal", "bias", v3.Tuning(block_k=128)),  # the default at head dim 128: 872 bytes to spare
+        ("causal", "", v3.Tuning(block_k=128, num_stages=3)),
+        ("causal", "bias+segments", v3.Tuning(block_k=64)),
+        ("full_d64", "dense+segments", v3.Tuning(block_k=128, persistent=True)),
+        ("window_gqa_ragged_d80_v48", "bias32+dense", v3.Tuning(block_k=64)),
+        ("d256_causal", "bias", v3.Tuning(block_k=64)),
+    ],
+)
+def test_the_forward_s_shared_memory_is_what_mosaic_counts(name, runtime, tuning, monkeypatch):
+    """`Tuning.shared_memory` is Mosaic GPU's own count for the forward kernel (its tiles
+    rounded up to 1 KiB, 2 KiB of its own, 8 bytes a barrier: `_ring.mosaic_bytes`), at
+    most 48 bytes over (a bias alone is counted as two streams of scores); read off the
+    error Mosaic raises past a bound made small."""
+    monkeypatch.setattr(mosaic_gpu_core, "_SMEM_SIZE_BOUND", 1024)
+    inputs, config = _call(*CALLS[name], runtime=runtime, tuning=tuning)
+    head_dim, head_dim_v, planned, beside = v3._plan(inputs, config)
+    assert planned == tuning  # fits as it is
+    with pytest.raises(Exception, match=r"smem_bytes=\d+") as raised:
+        jax.jit(lambda i: v3.forward_pass(i, config)).trace(inputs).lower(lowering_platforms=("cuda",))
+    counted = int(re.search(r"smem_bytes=(\d+)", str(raised.value)).group(1))
+    assert 0 <= planned.shared_memory(head_dim, head_dim_v, 2, beside) - counted <= 48
 
 
 def test_a_dense_mask_rides_the_ring_on_masked_steps_only():
@@ -343,7 +373,7 @@ def test_tiles_are_multiples_of_wgmma_s_rows():
     assert v3._tuning(None, 16, 96, 128, 128, 2) == v3.Tuning(block_q=64, block_k=128)
     for head_dim, block_k in ((64, 256), (128, 128), (256, 64)):
         tuning = v3.default_tuning(head_dim, head_dim, 2)
-        assert tuning.block_k == block_k and tuning.shared_memory(head_dim, head_dim, 2) <= _ring.SHARED_MEMORY
+        assert tuning.block_k == block_k and tuning.shared_memory(head_dim, head_dim, 2) <= _ring.BLOCK_SHARED_MEMORY
         # The backward's query tiles: 128 rows at head dim 64 (measured), 64 beyond or with
         # a dense mask (128 spilled); the same for a user's tuning that names none.
         for user in (tuning, v3.Tuning(block_q=128), v3.Tuning(num_stages=3)):
@@ -355,12 +385,15 @@ def test_tiles_are_multiples_of_wgmma_s_rows():
             assert dense.fits(head_dim, head_dim, 2, dense=True)
         named = mosaic_backward.BackwardTuning(block_q=64, block_k=64)
         assert v3.Tuning(backward=named).backward_for(head_dim, head_dim) == named
-    # Head dims of 256 and 192 leave the output's own tile no room for a ring: the
-    # forward pads both to 256, the output going through the queries' tile.
-    assert v3._head_dims(200, 136, 2) == (256, 256) and v3._head_dims(136, 256, 2) == (256, 256)
+    # Head dims of 256 and 192 leave the output's own tile room for a ring of 64-key tiles
+    # (936 bytes to spare), but none beside a dense mask's, a bias's or segment ids': the
+    # forward then pads both to 256, the output going through the queries' tile.
+    assert v3._head_dims(200, 136, 2) == (256, 192) and v3._head_dims(136, 256, 2) == (192, 256)
+    for beside in (v3.Beside(1), v3.Beside(2), v3.Beside(0, 4)):
+        assert v3._head_dims(200, 136, 2, beside) == (256, 256) and v3._head_dims(136, 256, 2, beside) == (256, 256)
     assert v3._head_dims(192, 128, 2) == (192, 128) and v3._head_dims(80, 48, 2) == (128, 64)
     # Tiles asked for that do not fit shrink: stages, then key tiles, then query tiles.
-    assert v3.Tuning(64, 128, 3).fit(128, 128, 2) == v3.Tuning(64, 128, 2)
+    assert v3.Tuning(64, 128, 4).fit(128, 128, 2) == v3.Tuning(64, 128, 3)
     assert v3.Tuning(64, 256, 2).fit(128, 128, 2) == v3.Tuning(64, 128, 2)
     assert v3.Tuning(256, 256, 4).fit(256, 256, 2) == v3.Tuning(64, 64, 2)
     assert v3._tuning(None, 128, 256, 256, 256, 2) == v3.Tuning(block_q=64, block_k=64)
@@ -373,32 +406,37 @@ def test_tiles_are_multiples_of_wgmma_s_rows():
     assert v3.Tuning(persistent=True).shared_memory(128, 128, 2) == v3.Tuning().shared_memory(128, 128, 2) + output
     assert v3.Tuning(64, 128, 3, persistent=True).fit(128, 128, 2) == v3.Tuning(64, 128, 2, persistent=True)
     assert v3.Tuning(64, 64, 2, persistent=True).fit(256, 256, 2) == v3.Tuning(64, 64, 2)
-    # A dense mask's ring of int8 tiles, 128 rows by the key tile, takes its room too.
-    dense_ring = 2 * 128 * 128
-    assert v3.Tuning().shared_memory(128, 128, 2, 1) == v3.Tuning().shared_memory(128, 128, 2) + dense_ring
+    # A dense mask's ring of int8 tiles, 128 rows by the key tile, takes its room too, and
+    # its ready and free barriers of two stages.
+    dense_ring = 2 * 128 * 128 + 2 * 2 * 8
+    assert v3.Tuning().shared_memory(128, 128, 2, v3.Beside(1)) == v3.Tuning().shared_memory(128, 128, 2) + dense_ring
     assert v3.Tuning(64, 256, 3).fit(64, 64, 2) == v3.Tuning(64, 256, 3)
-    assert v3.Tuning(64, 256, 3).fit(64, 64, 2, 1) == v3.Tuning(64, 256, 2)
+    assert v3.Tuning(64, 256, 3).fit(64, 64, 2, v3.Beside(1)) == v3.Tuning(64, 256, 2)
     for head_dim in (64, 128, 256):
         dense = MaskSpec.create(4096, 4096, has_dense_mask=True)
         tuning = v3._tuning(None, None, None, head_dim, head_dim, 2, dense)
-        assert tuning.shared_memory(head_dim, head_dim, 2, 1) <= _ring.SHARED_MEMORY
+        assert tuning.shared_memory(head_dim, head_dim, 2, v3.Beside(1)) <= _ring.BLOCK_SHARED_MEMORY
         assert tuning.block_k == (64 if head_dim == 256 else 128)  # 256-key tiles spill their mask
     # A bias's ring, in the bias's dtype (beside a dense mask's): key tiles of at most 128,
-    # and as many as fit.
-    assert v3._score_bytes(dense, 4) == 5 and v3._score_bytes(None, 2) == 2
-    for head_dim, spec, bias_itemsize, block_k in ((64, None, 2, 128), (128, None, 2, 64), (128, dense, 4, 64)):
+    # and as many as fit (at head dim 128 with a bf16 bias, 128: Mosaic GPU counts 231576
+    # bytes of the block's 232448).
+    segments = MaskSpec.create(4096, 4096, has_segments=True)
+    assert v3.Beside.of(dense, 4) == v3.Beside(5, 0) and v3.Beside.of(segments, 2) == v3.Beside(2, 4)
+    cases = ((64, None, 2, 128), (128, None, 2, 128), (128, dense, 4, 64), (128, segments, 2, 64))
+    for head_dim, spec, bias_itemsize, block_k in cases:
         tuning = v3._tuning(None, None, None, head_dim, head_dim, 2, spec, bias_itemsize)
         assert tuning.block_k == block_k
-        assert tuning.shared_memory(head_dim, head_dim, 2, v3._score_bytes(spec, bias_itemsize)) <= _ring.SHARED_MEMORY
+        beside = v3.Beside.of(spec, bias_itemsize)
+        assert tuning.shared_memory(head_dim, head_dim, 2, beside) <= _ring.BLOCK_SHARED_MEMORY
 
 
 def test_a_bias_runs_on_the_triton_kernels_where_its_ring_does_not_fit(monkeypatch):
     """The forward takes a bias given at every query and key whose ring fits beside the
-    smallest tiles (not at head dim 256; not one broadcast over the queries, which it
-    would materialise), and the backward one whose rings and gradient's tiles fit (not
-    at head dim 256, where the dQ kernel's consumers share their rows; not a float32
-    gradient beside a bias's ring at head dim 128); both hand the others to the Triton
-    family with this family's tuning dropped."""
+    smallest tiles (at head dim 256 a 16-bit one alone; not one broadcast over the
+    queries, which it would materialise), and the backward one whose rings and
+    gradient's tiles fit (not at head dim 256, where the dQ kernel's consumers share
+    their rows; not a float32 gradient beside a bias's ring at head dim 128); both hand
+    the others to the Triton family with this family's tuning dropped."""
     calls = []
     monkeypatch.setattr(v3, "forward_pass", lambda *args: calls.append("mosaic") or (None, None))
     monkeypatch.setattr(v3, "backward_pass", lambda *args: calls.append("mosaic backward") or (None,) * 4)
@@ -415,7 +453,7 @@ def test_a_bias_runs_on_the_triton_kernels_where_its_ring_does_not_fit(monkeypat
         v3._backward(inputs, None, None, None, None, config)
     assert calls == [
         *("mosaic", ("triton backward", None)),  # batch 2, a bias per head: a float32 gradient
-        *(("triton", None), ("triton backward", None)),
+        *("mosaic", ("triton backward", None)),
         *("mosaic", ("triton backward", None)),
         *(("triton", None), ("triton backward", None)),
         *("mosaic", "mosaic backward") * 3,
@@ -592,7 +630,7 @@ def test_persistent_programs_by_default_where_query_tiles_visit_few_keys():
         spec = MaskSpec.create(q_len, kv_len, **options)
         tuning = v3._tuning(None, None, None, head_dim, head_dim, 2, spec)
         assert tuning.persistent == persistent, (q_len, kv_len, options, head_dim)
-        assert tuning.shared_memory(head_dim, head_dim, 2) <= _ring.SHARED_MEMORY
+        assert tuning.shared_memory(head_dim, head_dim, 2, v3.Beside.of(spec)) <= _ring.BLOCK_SHARED_MEMORY
     short = MaskSpec.create(1024, 1024)
     assert not v3._tuning(v3.Tuning(), None, None, 128, 128, 2, short).persistent
 
@@ -771,9 +809,10 @@ def test_dense_masks_are_exact_on_the_gpu(case, persistent):
 # A bias beside every mask the forward's ring carries: GQA, a window and ragged lengths at
 # head dim 80; one shared by every head with segment ids in float16 at head dim 128
 # (whose float32 gradient sends the backward to the Triton kernels) and with GQA at head
-# dim 64; a float32 one beside bf16 inputs, causal, with rows no tile multiple; with a
-# soft cap and rows that see no key. The second of each pair: whether the Mosaic
-# backward takes the call (`v3._backward_tuning`).
+# dim 64; a float32 one beside bf16 inputs, causal, with rows no tile multiple; causal
+# at head dim 128 (the forward in 128-key tiles) and 256 (the forward's ring fits a bf16
+# bias; the backward is Triton's); with a soft cap and rows that see no key. The second
+# of each pair: whether the Mosaic backward takes the call (`v3._backward_tuning`).
 BIAS_CASES = [
     (
         Case(
@@ -812,6 +851,8 @@ BIAS_CASES = [
         ),
         True,
     ),
+    (Case("bias_causal_d128", q_len=700, head_dim=128, dtype="bfloat16", causal=True, bias="full"), True),
+    (Case("bias_causal_d256", q_len=300, head_dim=256, dtype="bfloat16", causal=True, bias="full"), False),
     (
         Case(
             "bias_soft_cap_empty_rows_d64",

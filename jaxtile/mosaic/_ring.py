@@ -29,9 +29,11 @@ from jaxtile.mask import MaskSpec, cdiv, uniform_bounds
 # wgmma's rows per warpgroup, and the 128-byte swizzle's width in 2-byte elements: the
 # tiles' rows and the head dims are multiples of it (smaller head dims are zero-padded).
 WGMMA_ROWS = 64
-# Shared memory per block on sm_90 (227 KiB), less what Mosaic GPU adds to the tiles
-# (barriers, alignment: 2.7 KiB measured with three 128-key stages at head dim 128).
-SHARED_MEMORY = 232448 - 4096
+# Shared memory per block on sm_90 (227 KiB), as Mosaic GPU counts a kernel's
+# (`mosaic_bytes`); and a budget for tiles counted unrounded (the backward's model), less
+# what Mosaic adds to them (2.7 KiB measured with three 128-key stages at head dim 128).
+BLOCK_SHARED_MEMORY = 232448
+SHARED_MEMORY = BLOCK_SHARED_MEMORY - 4096
 # Consumer warpgroups per program, and registers per thread of a consumer and of the
 # producer (65536 per block, 128 threads per warpgroup: two consumers at 240 leave the
 # producer 24, as FlashAttention-3 divides them).
@@ -74,6 +76,15 @@ def smem(dtype, *shape):
     swizzle = math.gcd(128, shape[-1] * jnp.dtype(dtype).itemsize)
     tiling = plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize))
     return plgpu.SMEM(shape, dtype, transforms=(tiling, plgpu.SwizzleTransform(swizzle)))
+
+
+def mosaic_bytes(tiles: Sequence[int], barriers: int) -> int:
+    """Shared memory as Mosaic GPU counts it for a kernel of these tiles (bytes) and
+    barriers: each tile rounded up to 1 KiB, 2 KiB of its own and 8 bytes a barrier (its
+    ``smem_bytes``, read with jax 0.10.2 off the GPU: 231544 for 229376 bytes of tiles
+    with 15 barriers, 232568 with a 512-byte tile more; and compiled with 0.11.2 on an
+    H200)."""
+    return sum(padded(t, 1024) for t in tiles) + 2048 + 8 * barriers
 
 
 def iotas(shape: tuple[int, int], row0, col0):

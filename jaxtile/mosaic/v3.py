@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -48,7 +49,7 @@ from jaxtile import registry
 from jaxtile._core import Config, Inputs, Shape, bias_grad_dtype
 from jaxtile.mask import MaskSpec
 from jaxtile.mosaic import _ring
-from jaxtile.mosaic._ring import CONSUMERS, SHARED_MEMORY, WGMMA_ROWS, along, pad_to, padded, smem
+from jaxtile.mosaic._ring import BLOCK_SHARED_MEMORY, CONSUMERS, WGMMA_ROWS, along, pad_to, padded, smem
 from jaxtile.mosaic.backward import BackwardTuning, backward_pass, backward_temporaries, default_backward_tuning
 from jaxtile.triton import v2 as triton_v2
 
@@ -88,24 +89,38 @@ class Tuning:
         (`MaskSpec.masks_elements`)."""
         return self.backward or default_backward_tuning(head_dim, head_dim_v, masks_elements)
 
-    def shared_memory(self, head_dim: int, head_dim_v: int, itemsize: int, score_bytes: int = 0) -> int:
-        """Bytes of the query/output tiles, the ring (with ``score_bytes`` per score of
-        the tiles that ride it beside K and V, `_score_bytes`) and the lse rows."""
-        rows = CONSUMERS * self.block_q
-        q_o = rows * (head_dim + (head_dim_v if self.own_output(head_dim, head_dim_v) else 0)) * itemsize
-        ring = self.num_stages * self.block_k * ((head_dim + head_dim_v) * itemsize + rows * score_bytes)
-        return q_o + ring + rows * 4
+    def shared_memory(self, head_dim: int, head_dim_v: int, itemsize: int, beside: Beside | None = None) -> int:
+        """The forward's shared memory as Mosaic GPU counts it (`_ring.mosaic_bytes`): the
+        query (and output) tiles, the ring of K, V and the tiles ``beside`` them (at most
+        two of scores: a dense mask's, a bias's), the queries' own segment ids, and the
+        barriers of all of them."""
+        beside = beside or Beside()
+        rows, stages, block_k = CONSUMERS * self.block_q, self.num_stages, self.block_k
+        tiles = [
+            rows * head_dim * itemsize,
+            stages * block_k * head_dim * itemsize,
+            stages * block_k * head_dim_v * itemsize,
+        ]
+        tiles += [rows * head_dim_v * itemsize] if self.own_output(head_dim, head_dim_v) else []
+        tiles += [
+            stages * rows * block_k * beside.score_bytes,
+            stages * block_k * beside.key_bytes,
+            rows * beside.key_bytes,
+        ]
+        # Streams of scores: a bias alone counts as two (32 bytes over, at two stages).
+        own, streams = 1 + (beside.key_bytes > 0), 2 + (beside.key_bytes > 0) + min(beside.score_bytes, 2)
+        return _ring.mosaic_bytes([t for t in tiles if t], CONSUMERS * own + 2 * stages * streams + 1)
 
     def own_output(self, head_dim: int, head_dim_v: int) -> bool:
         """Whether the output has a tile of its own rather than the queries'."""
         return self.persistent or head_dim_v != head_dim
 
-    def fit(self, head_dim: int, head_dim_v: int, itemsize: int, score_bytes: int = 0) -> Tuning:
+    def fit(self, head_dim: int, head_dim_v: int, itemsize: int, beside: Beside | None = None) -> Tuning:
         """This tuning, or, where it does not fit in shared memory (`shared_memory`), the
         nearest that does: fewer stages first (down to 2), then not persistent, then
         halved key tiles, then query tiles (down to 64)."""
         tuning = self
-        while tuning.shared_memory(head_dim, head_dim_v, itemsize, score_bytes) > SHARED_MEMORY:
+        while tuning.shared_memory(head_dim, head_dim_v, itemsize, beside) > BLOCK_SHARED_MEMORY:
             if tuning.num_stages > 2:
                 tuning = dataclasses.replace(tuning, num_stages=tuning.num_stages - 1)
             elif tuning.persistent:
@@ -148,10 +163,19 @@ def _persistent(spec: MaskSpec | None, rows: int) -> bool:
     return keys <= _PERSISTENT_KEYS
 
 
-def _score_bytes(spec: MaskSpec | None, bias_itemsize: int) -> int:
-    """Bytes per score of the tiles that ride the forward's ring beside K and V: the
-    dense mask's int8 and the bias's (``bias_itemsize``, 0 without one)."""
-    return int(spec is not None and spec.has_dense_mask) + bias_itemsize
+class Beside(NamedTuple):
+    """What rides the forward's ring beside K and V: bytes per score (a dense mask's int8
+    and a bias's) and per key (a segment id's int32, which the queries' own rows hold
+    too)."""
+
+    score_bytes: int = 0
+    key_bytes: int = 0
+
+    @classmethod
+    def of(cls, spec: MaskSpec | None, bias_itemsize: int = 0) -> Beside:
+        """Of ``spec``'s mask and a bias of ``bias_itemsize`` bytes (0: none)."""
+        has = spec is not None
+        return cls(int(has and spec.has_dense_mask) + bias_itemsize, 4 * int(has and spec.has_segments))
 
 
 def default_tuning(
@@ -171,18 +195,18 @@ def default_tuning(
     # sequences against 0.28-0.89x in 256, uneven ones 1.06-2.8x as fast; only documents
     # on tile edges without a causal mask, which mask no tile, lost (0.93x against 1.02x).
     # A bias tile is held beside the scores as the mask is.
-    score_bytes = _score_bytes(spec, bias_itemsize)
+    beside = Beside.of(spec, bias_itemsize)
     narrow = short_causal or (spec is not None and spec.masks_elements) or bias_itemsize > 0
     tuning = Tuning(block_k=64)
     for block_k in (128, 64) if narrow else (256, 128, 64):
         tuning = Tuning(block_k=block_k)
         if (
             block_k * (head_dim + head_dim_v) <= 256 * 128
-            and tuning.shared_memory(head_dim, head_dim_v, itemsize, score_bytes) <= SHARED_MEMORY
+            and tuning.shared_memory(head_dim, head_dim_v, itemsize, beside) <= BLOCK_SHARED_MEMORY
         ):
             break
     persistent = _persistent(spec, CONSUMERS * tuning.block_q)
-    return dataclasses.replace(tuning, persistent=persistent).fit(head_dim, head_dim_v, itemsize, score_bytes)
+    return dataclasses.replace(tuning, persistent=persistent).fit(head_dim, head_dim_v, itemsize, beside)
 
 
 @functools.cache
@@ -196,14 +220,14 @@ def _hopper() -> bool:
     return all(getattr(d, "compute_capability", None) == "9.0" for d in devices)
 
 
-def _head_dims(head_dim: int, head_dim_v: int, itemsize: int, score_bytes: int = 0) -> tuple[int, int]:
+def _head_dims(head_dim: int, head_dim_v: int, itemsize: int, beside: Beside | None = None) -> tuple[int, int]:
     """The forward's head dims: padded to multiples of 64, and both to the larger where
     the output's tile of its own (`Tuning.own_output`) leaves no room for the smallest
-    ring (256 and 192, either way round), so that the output goes through the queries'
-    tile; the padded columns are zeros, which add nothing to the scores and are dropped
-    from the output."""
+    ring (256 and 192, either way round, beside tiles of a mask or a bias), so that the
+    output goes through the queries' tile; the padded columns are zeros, which add
+    nothing to the scores and are dropped from the output."""
     head_dim, head_dim_v = padded(head_dim, WGMMA_ROWS), padded(head_dim_v, WGMMA_ROWS)
-    if Tuning(block_k=WGMMA_ROWS).shared_memory(head_dim, head_dim_v, itemsize, score_bytes) > SHARED_MEMORY:
+    if Tuning(block_k=WGMMA_ROWS).shared_memory(head_dim, head_dim_v, itemsize, beside) > BLOCK_SHARED_MEMORY:
         head_dim = head_dim_v = max(head_dim, head_dim_v)
     return head_dim, head_dim_v
 
@@ -388,7 +412,7 @@ def _tuning(
     if not isinstance(tuning, Tuning):
         tuning = default_tuning(head_dim, head_dim_v, itemsize, spec, bias_itemsize)
     blocks = {name: padded(b, WGMMA_ROWS) for name, b in (("block_q", block_q), ("block_k", block_k)) if b is not None}
-    return dataclasses.replace(tuning, **blocks).fit(head_dim, head_dim_v, itemsize, _score_bytes(spec, bias_itemsize))
+    return dataclasses.replace(tuning, **blocks).fit(head_dim, head_dim_v, itemsize, Beside.of(spec, bias_itemsize))
 
 
 def _key_tiles(spec: MaskSpec, q_tiles: int, rows: int, block_k: int) -> np.ndarray:
@@ -416,17 +440,17 @@ def _schedule(spec: MaskSpec, tuning: Tuning, tiles: tuple[int, int, int], rows:
     return _ring.Schedule(tiles, programs, snake=True, ordered=True), (order,)
 
 
-def _plan(inputs: Inputs, config: Config) -> tuple[int, int, Tuning, int]:
-    """The forward's padded head dims (`_head_dims`), its `Tuning` and the bytes per
-    score of the tiles beside K and V in its ring (`_score_bytes`)."""
+def _plan(inputs: Inputs, config: Config) -> tuple[int, int, Tuning, Beside]:
+    """The forward's padded head dims (`_head_dims`), its `Tuning` and what rides its ring
+    beside K and V (`Beside`)."""
     dims = Shape.of(inputs.q, inputs.k, inputs.v)
     bias_itemsize = 0 if inputs.bias is None else jnp.dtype(inputs.bias.dtype).itemsize
-    score_bytes = _score_bytes(config.mask, bias_itemsize)
-    head_dim, head_dim_v = _head_dims(dims.head_dim, dims.head_dim_v, dims.itemsize, score_bytes)
+    beside = Beside.of(config.mask, bias_itemsize)
+    head_dim, head_dim_v = _head_dims(dims.head_dim, dims.head_dim_v, dims.itemsize, beside)
     tuning = _tuning(
         config.tuning, config.block_q, config.block_k, head_dim, head_dim_v, dims.itemsize, config.mask, bias_itemsize
     )
-    return head_dim, head_dim_v, tuning, score_bytes
+    return head_dim, head_dim_v, tuning, beside
 
 
 def forward_pass(inputs: Inputs, config: Config):
@@ -515,13 +539,13 @@ def _bias_everywhere(inputs: Inputs) -> bool:
 
 def _takes_bias(inputs: Inputs, config: Config) -> bool:
     """Whether the forward's ring takes the call's bias: one given everywhere
-    (`_bias_everywhere`) whose ring fits beside the smallest tiles (not at head dim
-    256)."""
+    (`_bias_everywhere`) whose ring fits beside the smallest tiles (at head dim 256, a
+    16-bit bias alone)."""
     dims = Shape.of(inputs.q, inputs.k, inputs.v)
     if not _bias_everywhere(inputs):
         return False
-    head_dim, head_dim_v, tuning, score_bytes = _plan(inputs, config)
-    return tuning.shared_memory(head_dim, head_dim_v, dims.itemsize, score_bytes) <= SHARED_MEMORY
+    head_dim, head_dim_v, tuning, beside = _plan(inputs, config)
+    return tuning.shared_memory(head_dim, head_dim_v, dims.itemsize, beside) <= BLOCK_SHARED_MEMORY
 
 
 def _forward(inputs: Inputs, config: Config):
