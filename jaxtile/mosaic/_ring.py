@@ -30,8 +30,9 @@ from jaxtile.mask import MaskSpec, cdiv, uniform_bounds
 # tiles' rows and the head dims are multiples of it (smaller head dims are zero-padded).
 WGMMA_ROWS = 64
 # Shared memory per block on sm_90 (227 KiB), as Mosaic GPU counts a kernel's
-# (`mosaic_bytes`); and a budget for tiles counted unrounded (the backward's model), less
-# what Mosaic adds to them (2.7 KiB measured with three 128-key stages at head dim 128).
+# (`mosaic_bytes`, the forward's model); and the backward's budget for its tiles counted
+# unrounded (`BackwardTuning.shared_memory`), less a margin for what Mosaic adds to them
+# (2 KiB, 8 bytes a barrier, each tile's rounding up to 1 KiB).
 BLOCK_SHARED_MEMORY = 232448
 SHARED_MEMORY = BLOCK_SHARED_MEMORY - 4096
 # Consumer warpgroups per program, and registers per thread of a consumer and of the
