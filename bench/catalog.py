@@ -17,6 +17,7 @@ from jaxtile._core import Shape
 PEERS = {
     "jax.cudnn": "jax",
     "pallas.mha": "jax",
+    "tokamax.mosaic": "jax",
     "jax.xla": "jax",
     "torch.flash": "torch",
     "torch.cudnn": "torch",
@@ -24,12 +25,12 @@ PEERS = {
     "torch.math": "torch",
 }
 # torch.flash also has a CPU kernel, so it runs on a CPU when asked for by name.
-_GPU_ONLY = ("jax.cudnn", "pallas.mha", "torch.cudnn", "torch.efficient")
+_GPU_ONLY = ("jax.cudnn", "pallas.mha", "tokamax.mosaic", "torch.cudnn", "torch.efficient")
 # JAX's Pallas mha tiles: 128 forward, 32 backward (its BlockSizes.get_default()).
 _MHA_BLOCKS = {"fwd": (128,), "fwdbwd": (128, 32)}
 # How soon the peers' workers run on a GPU, on the scale of `registry.Implementation.speed`
 # (if the deadline cuts a run short, what is lost is the slowest); "torch" is their group.
-_PEER_PRIORITY = {"jax.cudnn": 45, "torch": 44, "pallas.mha": 40, "jax.xla": 15}
+_PEER_PRIORITY = {"jax.cudnn": 45, "torch": 44, "tokamax.mosaic": 42, "pallas.mha": 40, "jax.xla": 15}
 _MATERIALISING_PEERS = ("jax.xla", "torch.math")
 
 
@@ -72,6 +73,8 @@ def defaults(env: dict) -> list[str]:
             names += ["jax.cudnn"]
         if env["pallas_mha"] is None:
             names += ["pallas.mha"]
+        if env["nvidia"] and _tokamax_missing(env) is None:
+            names += ["tokamax.mosaic"]
         if env["torch"].get("cuda"):
             names += ["torch.flash", "torch.cudnn", "torch.efficient"]
     else:
@@ -79,6 +82,11 @@ def defaults(env: dict) -> list[str]:
         if env["torch"].get("version"):
             names += ["torch.math"]
     return names
+
+
+def _tokamax_missing(env: dict) -> str | None:
+    """Why ``tokamax`` does not import here (None: it does; `bench.probe`)."""
+    return env.get("tokamax", "not probed")
 
 
 def known(name: str, env: dict) -> bool:
@@ -108,11 +116,13 @@ def unsupported(name: str, problem: Problem, mode: str, env: dict) -> str | None
         return None
     if name in _GPU_ONLY and not gpu:
         return "needs a GPU"
-    if name == "jax.cudnn":
+    if name in ("jax.cudnn", "tokamax.mosaic"):
+        if name == "tokamax.mosaic" and _tokamax_missing(env) is not None:
+            return f"does not import: {_tokamax_missing(env)}"
         if not env["nvidia"]:
             return "needs an NVIDIA GPU"
         if problem.dtype not in ("bfloat16", "float16"):
-            return f"cuDNN attention takes bfloat16/float16, not {problem.dtype}"
+            return f"{name} takes bfloat16/float16, not {problem.dtype}"
     if name == "pallas.mha":
         if env["pallas_mha"] is not None:
             return f"does not import: {env['pallas_mha']}"

@@ -11,7 +11,7 @@
 #   bash bench/gpu_session.sh tune OUT [ARGS...]   # python -m bench.tune: launch parameters of the kernels
 #   bash bench/gpu_session.sh script OUT FILE.py   # a record script (bench/results/...) with the peers installed
 #   bash bench/gpu_session.sh parity OUT [IMPL...] # parity --full, one process per implementation (and shard)
-#   bash bench/gpu_session.sh bench OUT            # the matmul ceiling and the benchmark preset
+#   bash bench/gpu_session.sh bench OUT [PRESET [MINUTES [ARGS...]]]  # the matmul ceiling and a benchmark preset
 #   bash bench/gpu_session.sh ring OUT             # ring attention on 2 GPUs, then stress and soak
 #
 # Peers that are not in the GPU image (tokamax) are installed from wheels in .whl/ when
@@ -93,10 +93,11 @@ parity)
     python -m parity.merge "$out/parity_full.json" "$parts"/*.json
     ;;
 bench)
+    peers
     python -c "import torch, triton; a, b = (torch.randn(8192, 8192, device='cuda', dtype=torch.bfloat16) for _ in range(2)); \
 ms = triton.testing.do_bench(lambda: a @ b, warmup=50, rep=300, return_mode='median'); print(f'bf16 matmul 8192^3: {2 * 8192**3 / ms / 1e9:.0f} TFLOP/s')" \
         | tee "$out/matmul.txt"
-    python -m bench --preset "${1:-full}" --save-dir "$out" --max-minutes "${2:-7}" 2>&1 | tail -40
+    python -m bench --preset "${1:-full}" --save-dir "$out" --max-minutes "${2:-7}" "${@:3}" 2>&1 | tail -40
     ;;
 ring)
     timeout 200 python examples/ring_benchmark.py "$out/ring.json" 2>&1 | tail -12

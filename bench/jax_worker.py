@@ -1,5 +1,5 @@
 """Times JAX attention: jaxtile's implementations, ``jax.nn.dot_product_attention`` (XLA
-and cuDNN) and JAX's bundled Pallas-Triton ``mha``. Run by `bench.runner` as
+and cuDNN), JAX's bundled Pallas-Triton ``mha`` and tokamax's Mosaic GPU kernel. Run by `bench.runner` as
 ``python -m bench.jax_worker`` (protocol in `bench._worker`).
 
 Each task compiles its function once (``jit(f).lower(...).compile()``, timed as the
@@ -52,12 +52,18 @@ def attention(impl: str, p: Problem):
     """``attend(q, k, v) -> out`` with q ``[batch, seq, heads, head_dim]`` for ``impl``."""
     if impl in jaxtile.registry.names():
         return functools.partial(jaxtile.flash_attention, causal=p.causal, window=p.window, implementation=impl)
+    window = None
+    if p.window is not None:  # both sides as ints: None (unbounded) is the whole sequence
+        window = tuple(p.seq_len if side is None else side for side in p.window)
     if impl in ("jax.xla", "jax.cudnn"):
-        window = None
-        if p.window is not None:  # jax wants both sides as ints: None (unbounded) is the whole sequence
-            window = tuple(p.seq_len if side is None else side for side in p.window)
         return functools.partial(
             jax.nn.dot_product_attention, is_causal=p.causal, local_window_size=window, implementation=impl[4:]
+        )
+    if impl == "tokamax.mosaic":
+        import tokamax
+
+        return functools.partial(
+            tokamax.dot_product_attention, is_causal=p.causal, local_window_size=window, implementation="mosaic"
         )
     if impl == "pallas.mha":
         return functools.partial(_pallas_mha(), segment_ids=None, causal=p.causal, sm_scale=p.head_dim**-0.5)

@@ -31,6 +31,7 @@ from bench.table import gib, status_text
 from jaxtile import registry
 
 _COLOURS = {
+    "mosaic_v3": "#0b2a5b",
     "pallas_v2": "#1f4e9c",
     "pallas_v1": "#4fa3e0",
     "scan_v2": "#2b8a3e",
@@ -38,6 +39,7 @@ _COLOURS = {
     "reference": "#8c564b",  # registered implementations not named here are drawn black
     "jax.cudnn": "#d62728",
     "pallas.mha": "#9467bd",
+    "tokamax.mosaic": "#17becf",
     "jax.xla": "#f28e8e",
     "torch.flash": "#ff7f0e",
     "torch.cudnn": "#e377c2",

@@ -2,7 +2,8 @@
 
 Keys: ``platform`` (JAX's: ``"gpu"``, ``"cpu"``, ...), ``device`` (its name), ``nvidia``,
 ``jaxtile`` (the registered implementations' names, `jaxtile.registry`),
-``pallas_mha`` (None, or why JAX's bundled Pallas ``mha`` does not import), ``torch``
+``pallas_mha`` (None, or why JAX's bundled Pallas ``mha`` does not import), ``tokamax``
+(None, or why it does not import; `bench/gpu_session.sh` installs it on GPUs), ``torch``
 (version, CUDA, device, cuDNN), ``versions`` (package versions, CUDA) and ``git`` (what
 `git_state` says of the jaxtile that was imported).
 """
@@ -57,6 +58,13 @@ def _jax(info: dict) -> None:
         info["pallas_mha"] = None
     except ImportError as exc:
         info["pallas_mha"] = _reason(exc)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import tokamax  # noqa: F401
+        info["tokamax"] = None
+    except Exception as exc:  # not installed, or its own imports fail
+        info["tokamax"] = _reason(exc)
 
 
 def _torch(info: dict) -> None:

@@ -112,6 +112,21 @@ def test_plan_records_what_cannot_run_here():
     assert catalog.unsupported("jax.cudnn", _problem(), "fwd", cpu) == "needs a GPU"
 
 
+def test_tokamax_runs_where_it_imports_on_nvidia_gpus():
+    assert catalog.unsupported("tokamax.mosaic", _problem(), "fwd", GPU_ENV) == "does not import: not probed"
+    missing = dict(GPU_ENV, tokamax="ModuleNotFoundError: No module named 'tokamax'")
+    assert "No module named 'tokamax'" in catalog.unsupported("tokamax.mosaic", _problem(), "fwd", missing)
+    assert "tokamax.mosaic" not in catalog.defaults(missing)
+    hopper = dict(GPU_ENV, tokamax=None)
+    assert catalog.defaults(hopper)[4:6] == ["pallas.mha", "tokamax.mosaic"]
+    assert catalog.unsupported("tokamax.mosaic", _problem(num_kv_heads=2, window=(63, 0)), "fwdbwd", hopper) is None
+    assert "float32" in catalog.unsupported("tokamax.mosaic", _problem(dtype="float32"), "fwd", hopper)
+    assert catalog.unsupported("tokamax.mosaic", _problem(), "fwd", dict(hopper, nvidia=False)) == "needs an NVIDIA GPU"
+    cpu = dict(hopper, platform="cpu", nvidia=False)
+    assert catalog.unsupported("tokamax.mosaic", _problem(), "fwd", cpu) == "needs a GPU"
+    assert catalog.framework("tokamax.mosaic") == "jax"
+
+
 @pytest.mark.parametrize(
     "message, status",
     [
