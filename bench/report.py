@@ -20,7 +20,7 @@ from bench import catalog
 from bench.suites import MODES
 from bench.table import gib, group, status_text
 
-BASELINES = ("jax.cudnn", "pallas.mha", "torch.flash")
+BASELINES = ("jax.cudnn", "tokamax.mosaic", "pallas.mha", "torch.flash")
 
 
 def _geomean(values: list[float]) -> float | None:
