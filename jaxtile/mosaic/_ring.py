@@ -637,10 +637,6 @@ def launch(kernel, operands, out_type, grid, grid_names, consumers: int, scratch
     def entry(*refs):
         pl.run_scoped(lambda *scoped: kernel(*refs, scoped), *scratch, collective_axes="wg")
 
-    params = plgpu.CompilerParams(approx_math=True)
-    if any(isinstance(x, jax.Ref) for x in operands):  # written in place: `pl.kernel` aliases them
-        mesh = plgpu.Mesh(grid=grid, grid_names=grid_names, num_threads=consumers + 1, thread_name="wg")
-        return pl.kernel(entry, out_type=out_type, mesh=mesh, compiler_params=params)(*operands)
     return plgpu.kernel(
         entry,
         out_type=out_type,
@@ -648,5 +644,5 @@ def launch(kernel, operands, out_type, grid, grid_names, consumers: int, scratch
         grid_names=grid_names,
         num_threads=consumers + 1,
         thread_name="wg",
-        compiler_params=params,
+        compiler_params=plgpu.CompilerParams(approx_math=True),
     )(*operands)

@@ -71,16 +71,12 @@ class BackwardTuning:
     block_k: keys per consumer in dK/dV, and per ring tile in dQ unless ``dq_block_k``.
     num_stages: slots of each kernel's ring.
     dq_block_k: keys per ring tile in the dQ kernel (None: ``block_k``).
-    fused_dq: dK/dV's programs also add ``dS_ij K_j`` into a float32 dQ in global memory
-      (TMA reduce-add, in no fixed order: not deterministic), in place of the dQ kernel;
-      at head dims that are multiples of 128, without a bias (`fuses`).
     """
 
     block_q: int = 64
     block_k: int = 64
     num_stages: int = 2
     dq_block_k: int | None = None
-    fused_dq: bool = False
 
     def __post_init__(self):
         for name in ("block_q", "block_k", "dq_block_k"):
@@ -91,13 +87,6 @@ class BackwardTuning:
                 raise ValueError(f"{name}={block!r} must be a positive multiple of {WGMMA_ROWS}")
         if not isinstance(self.num_stages, int) or self.num_stages < 2:
             raise ValueError(f"num_stages={self.num_stages!r} must be an int >= 2")
-        if not isinstance(self.fused_dq, bool):
-            raise ValueError(f"fused_dq={self.fused_dq!r} must be a bool")
-
-    def fuses(self, head_dim: int, head_dim_v: int, bias: bool) -> bool:
-        """Whether dK/dV forms dQ too (``fused_dq``): each consumer takes half of dQ's
-        columns, so the (padded) head dim must split into 64-column halves."""
-        return self.fused_dq and not bias and not _roles(head_dim, head_dim_v) and head_dim % 128 == 0
 
     @property
     def dq_keys(self) -> int:
@@ -123,8 +112,6 @@ class BackwardTuning:
         keys = _tiles(roles) * self.block_k
         tiles = keys * width + self.num_stages * self.block_q * (width + stats + keys * scores)
         dkdv = max(tiles, keys * (head_dim + head_dim_v) * 4) + keys * 4  # the parts reuse the tiles
-        if self.fuses(head_dim, head_dim_v, bool(bias)):  # dSᵀ twice over, each consumer's half of dQ_i
-            dkdv += 2 * keys * self.block_q * itemsize + self.block_q * head_dim * 4
         own_rows = _tiles(roles) * self.block_q
         dq = own_rows * (width + stats + 2 * self.dq_keys * bias_grad)
         dq += self.num_stages * self.dq_keys * (width + 4 + own_rows * scores)
@@ -379,7 +366,7 @@ def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning, roles: bool):
         plgpu.wait_smem_to_gmem(0)
 
 
-def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int, roles: bool, fused: bool):
+def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int, roles: bool):
     """Lines 6-18 for one (key tile of ``2 * block_k`` keys, or ``block_k`` with
     ``roles``, batch, kv head, share of its query heads), transposed: the producer
     streams ``Q_i``, ``dO_i``, ``L_i`` and ``D_i`` of each (head of the share, query
@@ -388,17 +375,11 @@ def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int, roles
     the bias (whose tiles ride the ring as they lie, queries by keys, read transposed),
     the runtime parts of the mask the call has (`_ring.runtime_operands`, transposed; the
     queries' segment ids ride the ring, as the dense mask's tiles on masked steps, whose
-    spans are those of every head of the group), dk, dv and the shared memory.
-
-    With ``fused``, the last operand is a zeroed float32 dQ in global memory, to which
-    each step adds ``dS_ij K_j`` (line 15): both consumers' ``dSᵀ`` go through shared
-    memory (two steps' worth), each consumer forms half of dQ_i's columns and adds them
-    by TMA."""
+    spans are those of every head of the group), dk, dv and the shared memory."""
     q_ref, k_ref, v_ref, do_ref, lse2_ref, delta_ref, *runtime, dk_ref, dv_ref, scoped = refs
     bias_ref = runtime.pop(0) if logits.bias else None
-    dq_ref = runtime.pop() if fused else None
     ids, lengths_ref, dense_ref, bounds_ref = _ring.runtime_refs(spec, runtime)
-    (memory, own_ids, dq_tiles), (own_ready, consumed, ready, free, swapped) = scoped
+    (memory, own_ids), (own_ready, consumed, ready, free) = scoped
     ((k_smem, v_smem), ring), (dk_smem, dv_smem) = memory if splits > 1 else (memory, memory[0])
     bias_ring = (ring[-1], ready[-1], free[-1]) if logits.bias else None
     (q_smem, do_smem, lse_smem, delta_smem, *_) = ring
@@ -472,33 +453,7 @@ def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int, roles
             plgpu.barrier_arrive(q_free.at[slot])
             dv_j = dv_j if role == "dk" else results[0]
             dk_j = dk_j if role == "dv" else _unscaled(dk_j, results[-1], inv_scale)
-            if fused:
-                add_dq(g, i, ds_t)
             return dk_j, dv_j
-
-        def add_dq(g, i, ds_t):
-            """Line 15 for this key tile: ``dQ_i += dS_ij K_j`` in global memory, this
-            consumer's half of the columns from both consumers' ``dSᵀ``."""
-            ds_smem, dq_smem = dq_tiles
-            parity = lax.rem(g * per_head + i - first, jnp.int32(2))
-            ds_smem.at[parity, wg][...] = ds_t
-            plgpu.commit_smem()
-            plgpu.barrier_arrive(swapped)
-            plgpu.barrier_wait(swapped)
-            half = dims.head_dim // CONSUMERS
-            cols = pl.ds(wg * half, half)
-
-            def issue(acc_ref):
-                for w in range(CONSUMERS):
-                    plgpu.wgmma(acc_ref, ds_smem.at[parity, w].transpose((1, 0)), k_smem.at[w, :, cols])
-
-            zeros = plgpu.layout_cast(jnp.zeros((bq, half), jnp.float32), plgpu.Layout.WGMMA)
-            acc = pl.run_state(issue)(plgpu.ACC.init(zeros))
-            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-            dq_smem.at[wg][...] = acc
-            plgpu.commit_smem()
-            h = share * group + g
-            plgpu.copy_smem_to_gmem(dq_smem.at[wg], dq_ref.at[b, pl.ds(i * bq, bq), h, cols], reduction_op="add")
 
         def one_head(g, carry):
             for span in spans:
@@ -607,25 +562,19 @@ def backward_pass(inputs: Inputs, out, lse, dout, dlse, config: Config, tuning: 
         parts = (smem(jnp.float32, tiles, bk, head_dim), smem(jnp.float32, tiles, bk, head_dim_v))
         memory = plgpu.RefUnion(memory, parts)
     part = jnp.float32 if splits > 1 else dtype
-    fused = tuning.fuses(head_dim, head_dim_v, inputs.bias is not None) and dtype != jnp.float16
-    dq_tiles, dq_sum = None, ()
-    if fused:  # dSᵀ of both consumers for two steps; each consumer's half of dQ_i
-        dq_tiles = (smem(dtype, 2, CONSUMERS, bk, bq), smem(jnp.float32, CONSUMERS, bq, head_dim // CONSUMERS))
-        dq_sum = (jax.new_ref(jnp.zeros((dims.batch, q_len, dims.num_heads, head_dim), jnp.float32)),)
     dk, dv = _ring.launch(
-        functools.partial(_dkdv_kernel, splits=splits, roles=roles, fused=fused, **statics),
-        (*operands, *_ring.runtime_operands(inputs, mask, q_len, kv_len, bq, tiles * bk, True), *dq_sum),
+        functools.partial(_dkdv_kernel, splits=splits, roles=roles, **statics),
+        (*operands, *_ring.runtime_operands(inputs, mask, q_len, kv_len, bq, tiles * bk, True)),
         tuple(jax.ShapeDtypeStruct((dims.batch, kv_len, shares, x.shape[-1]), part) for x in (k, v)),
         (shares, kv_len // (tiles * bk), dims.batch),  # heads fastest, as the forward's
         ("shares", "kv_tiles", "batch"),
         CONSUMERS,
         (
-            (memory, own_ids, dq_tiles),
+            (memory, own_ids),
             (
                 _ring.own_barriers((*own, *own_ids)),
                 plgpu.Barrier(num_arrivals=CONSUMERS) if splits > 1 or roles else None,
                 *_ring.ring_barriers(ring),
-                plgpu.Barrier(num_arrivals=CONSUMERS) if fused else None,
             ),
         ),
     )
@@ -633,16 +582,6 @@ def backward_pass(inputs: Inputs, out, lse, dout, dlse, config: Config, tuning: 
         dk, dv = (
             jnp.sum(x.reshape(*x.shape[:2], dims.num_kv_heads, splits, x.shape[-1]), axis=3).astype(dtype)
             for x in (dk, dv)
-        )
-    crop = (slice(None), slice(None, dims.q_len), slice(None))
-    keys = (slice(None), slice(None, dims.kv_len), slice(None))
-    if fused:
-        dq = dq_sum[0][...].astype(dtype)
-        return (
-            dq[(*crop, slice(None, dims.head_dim))],
-            dk[(*keys, slice(None, dims.head_dim))],
-            dv[(*keys, slice(None, dims.head_dim_v))],
-            None,
         )
     # dQ: each consumer's Q_i, dO_i, L_i, D_i (and the rows' ids); a ring of K_j, V_j (and
     # the keys' ids, the dense mask's and the bias's tiles); with a bias, the tiles of its
