@@ -127,6 +127,20 @@ def test_tokamax_runs_where_it_imports_on_nvidia_gpus():
     assert catalog.framework("tokamax.mosaic") == "jax"
 
 
+def test_the_jax_worker_calls_tokamax_as_the_check_does(monkeypatch):
+    """``tokamax.dot_product_attention`` with the problem's causal flag, its window as
+    two ints (an unbounded side: the whole sequence) and the Mosaic GPU kernel."""
+    from bench import jax_worker
+
+    calls = []
+    fake = type(sys)("tokamax")
+    fake.dot_product_attention = lambda q, k, v, **kwargs: calls.append(kwargs) or q
+    monkeypatch.setitem(sys.modules, "tokamax", fake)
+    attend = jax_worker.attention("tokamax.mosaic", _problem(seq_len=128, causal=True, window=(15, None)))
+    assert attend("q", "k", "v") == "q"
+    assert calls == [dict(is_causal=True, local_window_size=(15, 128), implementation="mosaic")]
+
+
 @pytest.mark.parametrize(
     "message, status",
     [
