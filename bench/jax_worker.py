@@ -1,6 +1,6 @@
 """Times JAX attention: jaxtile's implementations, ``jax.nn.dot_product_attention`` (XLA
-and cuDNN), JAX's bundled Pallas-Triton ``mha`` and tokamax's Mosaic GPU kernel. Run by `bench.runner` as
-``python -m bench.jax_worker`` (protocol in `bench._worker`).
+and cuDNN), JAX's bundled Pallas-Triton ``mha`` and tokamax's Mosaic GPU kernel. Run by
+`bench.runner` as ``python -m bench.jax_worker`` (protocol in `bench._worker`).
 
 Each task compiles its function once (``jit(f).lower(...).compile()``, timed as the
 compile time), calls it once for memory, then times it with `bench._worker.time_batches`.
