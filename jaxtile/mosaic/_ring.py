@@ -4,8 +4,7 @@ and the producer warpgroup's ring of TMA copies that the consumers read.
 A kernel of this family runs consumer warpgroups and one producer. The producer copies
 the tiles of step ``s`` of the consumers' loop into slot ``s % num_stages`` of a ring in
 shared memory; for each operand a "ready" barrier per slot says its copy has landed and
-a "free" barrier (one arrival per consumer) says every consumer is done with it. The
-forward's K and V free their slots on named hardware barriers (`NamedFree`).
+a "free" barrier (one arrival per consumer) says every consumer is done with it.
 """
 
 from __future__ import annotations
@@ -22,10 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.mosaic.gpu import utils as mgpu_utils
 from jax.experimental.pallas import mosaic_gpu as plgpu  # the Pallas API of jax 0.10.2 to 0.12
-from jaxlib.mlir import ir
-from jaxlib.mlir.dialects import llvm
 
 from jaxtile._core import Shape
 from jaxtile.mask import MaskSpec, cdiv, uniform_bounds
@@ -44,9 +40,6 @@ SHARED_MEMORY = BLOCK_SHARED_MEMORY - 4096
 # producer 24, as FlashAttention-3 divides them).
 CONSUMERS = 2
 CONSUMER_REGISTERS, PRODUCER_REGISTERS = 240, 24
-# The named hardware barriers a kernel may take: Mosaic GPU's own are 0 (the block) and
-# 1-3 (one per warpgroup); sm_90 has 16.
-FIRST_NAMED, NAMED_BARRIERS = 4, 16
 
 
 def padded(n: int, multiple: int) -> int:
@@ -181,9 +174,9 @@ def produce(steps, num_stages: int, streams: Sequence[Stream], done=0, each: Cal
         slot = lax.rem(jnp.asarray(done + s, jnp.int32), jnp.int32(num_stages))
         for stream in streams:
             if wait is True:
-                wait_free(stream.free, slot)
+                plgpu.barrier_wait(stream.free.at[slot])
             elif wait is not False:
-                pl.when(wait)(functools.partial(wait_free, stream.free, slot))
+                pl.when(wait)(functools.partial(plgpu.barrier_wait, stream.free.at[slot]))
             copy = functools.partial(
                 plgpu.copy_gmem_to_smem, stream.source(s), stream.tiles.at[slot], stream.ready.at[slot]
             )
@@ -411,53 +404,6 @@ def tile_bounds(bounds_ref, tile, b, h=0):
     return tuple(bounds_ref[b, h, tile, i] for i in range(4))
 
 
-@jax.tree_util.register_static
-@dataclasses.dataclass(frozen=True)
-class NamedFree:
-    """A stream's free barriers on named hardware barriers ``first`` to ``first +
-    num_stages - 1``, one per slot, where the ``threads`` threads of the block (every
-    consumer's and the producer's) meet: a consumer done with a slot's tile arrives
-    (``bar.arrive``), and the producer syncs (``bar.sync``) before it refills the slot.
-    Nothing is counted in shared memory, where a warpgroup's arrival on an mbarrier is
-    128 ``mbarrier.arrive`` atomics. A static pytree, so that it rides through
-    `pl.run_scoped` beside the scratch."""
-
-    first: int
-    threads: int
-
-
-def _named(instruction: str, free: NamedFree, slot) -> None:
-    """``bar.arrive`` or ``bar.sync`` (``instruction``) on ``free``'s barrier of ``slot``."""
-
-    @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WG_SPLAT,))
-    def emit(_, barrier):
-        llvm.inline_asm(
-            ir.Type.parse("!llvm.void"),
-            [barrier.registers.item()],
-            f"bar.{instruction} $0, {free.threads};",
-            "r",
-            has_side_effects=True,
-        )
-
-    emit(jnp.asarray(free.first + slot, jnp.int32))
-
-
-def release(free, slot) -> None:
-    """A consumer's arrival on ``free``'s barrier of ``slot``: it is done with the slot's tile."""
-    if isinstance(free, NamedFree):
-        _named("arrive", free, slot)
-    else:
-        plgpu.barrier_arrive(free.at[slot])
-
-
-def wait_free(free, slot) -> None:
-    """The producer's wait for every consumer to have released ``slot`` (`release`)."""
-    if isinstance(free, NamedFree):
-        _named("sync", free, slot)
-    else:
-        plgpu.barrier_wait(free.at[slot])
-
-
 def step_tile(ring, slot, read=None):
     """``read(tile)`` of this step's tile of a stream of the ring (tiles, ready and free
     barriers), or None without ``read``. Waited for and freed on every step, read or not,
@@ -465,7 +411,7 @@ def step_tile(ring, slot, read=None):
     tiles, ready, free = ring
     plgpu.barrier_wait(ready.at[slot])
     value = None if read is None else read(tiles.at[slot])
-    release(free, slot)
+    plgpu.barrier_arrive(free.at[slot])
     return value
 
 
@@ -675,17 +621,12 @@ def _last_ids(ring, operands: int, slot, masked: bool):
     return step_ids((ring.tiles[operands], ring.ready[operands], ring.free[operands]), slot, masked, 1)
 
 
-def ring_barriers(tiles, consumers: int = CONSUMERS, named: int = 0):
+def ring_barriers(tiles, consumers: int = CONSUMERS):
     """The ready barriers and the free barriers (one arrival per consumer) of a ring's
-    streams, ``tiles`` being their ``[num_stages, ...]`` slots; the first ``named``
-    streams free their slots on named barriers (`NamedFree`)."""
+    streams, ``tiles`` being their ``[num_stages, ...]`` slots."""
     ready = tuple(plgpu.Barrier(num_barriers=t.shape[0]) for t in tiles)
-    free = tuple(plgpu.Barrier(num_arrivals=consumers, num_barriers=t.shape[0]) for t in tiles[named:])
-    first = FIRST_NAMED + np.cumsum([0] + [t.shape[0] for t in tiles[:named]])
-    if first[-1] > NAMED_BARRIERS:
-        raise ValueError(f"{named} streams of {tiles[0].shape[0]} slots need {first[-1]} named barriers")
-    threads = (consumers + 1) * mgpu_utils.WARPGROUP_SIZE
-    return ready, tuple(NamedFree(int(f), threads) for f in first[:-1]) + free
+    free = tuple(plgpu.Barrier(num_arrivals=consumers, num_barriers=t.shape[0]) for t in tiles)
+    return ready, free
 
 
 def launch(kernel, operands, out_type, grid, grid_names, consumers: int, scratch):

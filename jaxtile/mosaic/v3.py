@@ -320,7 +320,7 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
                 if persistent:  # Q_i is read no more: load the next tile's under this step
                     pl.when(s + 1 == steps)(load_next)
                 pre = logits.pre(scores, _ring.step_bias(bias_ring, slot, wg * bq, bq))  # the bias rides the ring
-                _ring.release(k_free, slot)
+                plgpu.barrier_arrive(k_free.at[slot])
                 kv_segment = keys.step_ids(slot, masked)  # the keys' ids ride the ring, as the dense mask
                 dense = _ring.step_dense(dense_ring, slot, masked, wg * bq, bq)
                 if masked:
@@ -350,7 +350,7 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
                         plgpu.barrier_wait(k_ready.at[slot_of(s + 1)])
 
                 acc = pl.run_state(pv)(plgpu.ACC.init(acc))
-                _ring.release(v_free, slot)
+                plgpu.barrier_arrive(v_free.at[slot])
                 return acc, m_new, l_i
 
             for span in spans:
@@ -495,7 +495,7 @@ def forward_pass(inputs: Inputs, config: Config):
                 ring,
                 smem(dtype, CONSUMERS, bq, head_dim_v) if tuning.own_output(head_dim, head_dim_v) else None,
             ),
-            (_ring.own_barriers(own), *_ring.ring_barriers(ring, named=2)),
+            (_ring.own_barriers(own), *_ring.ring_barriers(ring)),
             plgpu.Barrier(num_arrivals=CONSUMERS),
         ),
     )

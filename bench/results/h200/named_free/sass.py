@@ -1,20 +1,35 @@
 """Compiles and runs one forward at head dim 128 (bf16, batch 4, 16 heads), jaxtile's
 ``mosaic_v3`` from the working directory or tokamax's Mosaic GPU kernel, with Mosaic GPU's
-SASS (with each instruction's control bits) and ptxas report written to a file::
+PTX, ptxas report and SASS (each instruction with its control bits) written to a file::
 
-    PYTHONPATH=. python sass.py {mosaic_v3,tokamax} SEQ {causal,full} FILE
+    PYTHONPATH=. NVDISASM=/path/to/nvdisasm python sass.py {mosaic_v3,tokamax} SEQ {causal,full} FILE
 
 Mosaic GPU prints its dumps from C++ to the process's stdout while it compiles, so that
-file descriptor is pointed at FILE first.
+file descriptor is pointed at FILE first. It runs nvdisasm from its CUDA root, which in
+the GPU image has none: with ``NVDISASM`` set, the root becomes a folder of links to the
+real root's tools and that nvdisasm.
 """
 
 import os
 import sys
+import tempfile
 
-os.environ.update(MOSAIC_GPU_DUMP_SASS_CTRL="1", MOSAIC_GPU_DUMP_PTXAS="1")
+os.environ.update(MOSAIC_GPU_DUMP_SASS_CTRL="1", MOSAIC_GPU_DUMP_PTXAS="1", MOSAIC_GPU_DUMP_PTX="1")
 
 import jax
+import jax.experimental.mosaic.gpu  # sets MOSAIC_GPU_CUDA_ROOT
 import jax.numpy as jnp
+
+if nvdisasm := os.environ.get("NVDISASM"):
+    root = tempfile.mkdtemp()
+    os.mkdir(f"{root}/bin")
+    real = f"{os.environ['MOSAIC_GPU_CUDA_ROOT']}/bin"
+    for tool in os.listdir(real) if os.path.isdir(real) else ():
+        os.symlink(f"{real}/{tool}", f"{root}/bin/{tool}")
+    if not os.path.exists(f"{root}/bin/nvdisasm"):
+        os.symlink(nvdisasm, f"{root}/bin/nvdisasm")
+    os.environ["MOSAIC_GPU_CUDA_ROOT"] = root
+    print("CUDA root", real, "->", root, "with", nvdisasm, file=sys.stderr)
 
 impl, seq, mask, path = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 causal = mask == "causal"
