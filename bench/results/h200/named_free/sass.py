@@ -2,7 +2,7 @@
 ``mosaic_v3`` from the working directory or tokamax's Mosaic GPU kernel, with Mosaic GPU's
 PTX, ptxas report and SASS (each instruction with its control bits) written to a file::
 
-    PYTHONPATH=. NVDISASM=/path/to/nvdisasm python sass.py {mosaic_v3,tokamax} SEQ {causal,full} FILE
+    PYTHONPATH=. NVDISASM=/path/to/nvdisasm python sass.py {mosaic_v3,tokamax} SEQ {causal,full} FILE [persistent]
 
 Mosaic GPU prints its dumps from C++ to the process's stdout while it compiles, so that
 file descriptor is pointed at FILE first. It runs nvdisasm from its CUDA root, which in
@@ -32,7 +32,7 @@ if nvdisasm := os.environ.get("NVDISASM"):
     print("CUDA root", real, "->", root, "with", nvdisasm, file=sys.stderr)
 
 impl, seq, mask, path = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
-causal = mask == "causal"
+causal, persistent = mask == "causal", sys.argv[5:] == ["persistent"]
 q, k, v = (jax.random.normal(jax.random.key(i), (4, seq, 16, 128), jnp.bfloat16) for i in range(3))
 if impl == "tokamax":
     import tokamax
@@ -42,7 +42,12 @@ else:
     import jaxtile
 
     print("jaxtile", jaxtile.__file__, file=sys.stderr)
-    attend = jax.jit(lambda q, k, v: jaxtile.flash_attention(q, k, v, causal=causal, implementation=impl))
+    from jaxtile.mosaic import v3
+
+    tuning = v3.Tuning(persistent=True) if persistent else None
+    attend = jax.jit(
+        lambda q, k, v: jaxtile.flash_attention(q, k, v, causal=causal, implementation=impl, tuning=tuning)
+    )
 sys.stdout.flush()
 dump = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
 saved = os.dup(1)

@@ -41,7 +41,7 @@ def _tokamax(persistent: bool):
 
     config = tk.ConfigSM90(block_q=64, block_kv=BLOCK_K, num_stages=2, persistent=persistent)
     op = tk.PallasMosaicGpuFlashAttention(config=config)
-    return lambda q, k, v: tokamax.dot_product_attention(q, k, v, implementation=op)
+    return lambda q, k, v: tokamax.dot_product_attention(q, k, v, implementation=(op,))
 
 
 def _cudnn(q, k, v):
