@@ -404,14 +404,6 @@ def tile_bounds(bounds_ref, tile, b, h=0):
     return tuple(bounds_ref[b, h, tile, i] for i in range(4))
 
 
-def finish_stores() -> None:
-    """Before a program ends: its TMA stores have read their shared-memory tiles. Only the
-    reads are waited for (``cp.async.bulk.wait_group.read``): the writes land before the
-    kernel completes, and waiting for them too (with the L1 invalidation ptxas adds after
-    such a wait) keeps each program's multiprocessor from the next program meanwhile."""
-    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-
-
 def step_tile(ring, slot, read=None):
     """``read(tile)`` of this step's tile of a stream of the ring (tiles, ready and free
     barriers), or None without ``read``. Waited for and freed on every step, read or not,

@@ -331,7 +331,7 @@ def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning, roles: bool):
             q_i[...] = dq_i.astype(dq_ref.dtype)
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(q_i, dq_ref.at[b, pl.ds(row0, bq), h])
-            _ring.finish_stores()
+            plgpu.wait_smem_to_gmem(0)
 
         if roles:
             pl.when(wg == 0)(functools.partial(write, dq_i))
@@ -363,7 +363,7 @@ def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning, roles: bool):
 
         keys.produce(b=b, h_kv=h_kv, first=first, steps=steps, block_k=bk, num_stages=stages, extra=extra, each=each)
         pl.loop(steps, hidden)(zero)
-        _ring.finish_stores()
+        plgpu.wait_smem_to_gmem(0)
 
 
 def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int, roles: bool):
@@ -478,7 +478,7 @@ def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int, roles
         plgpu.commit_smem()
         for _, out, ref in results:
             plgpu.copy_smem_to_gmem(out, ref.at[b, pl.ds(key0, bk), share])
-        _ring.finish_stores()
+        plgpu.wait_smem_to_gmem(0)
 
     if roles:
         pl.when(wg == 0)(functools.partial(consumer, "dv"))

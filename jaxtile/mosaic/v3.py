@@ -375,7 +375,7 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
         if persistent:
             load_q(0)
         schedule.loop(run)
-        _ring.finish_stores()
+        plgpu.wait_smem_to_gmem(0)
 
     @pl.when(wg == CONSUMERS)
     def _producer():
