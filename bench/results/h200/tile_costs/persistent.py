@@ -4,7 +4,7 @@ at long rows (`costs.py`): four variants timed at 4096 and 8192 keys (the querie
 jaxtile while its call is traced and compiled; jax's caches are cleared before each
 call; two passes::
 
-    PYTHONPATH=. python persistent.py OUT.json
+    PYTHONPATH=. python persistent.py OUT.json [LABEL...]
 
 * ``tile``: one program per tile (the default at these lengths);
 * ``tile.own_output``: the same with the output in a tile of shared memory of its own,
@@ -12,7 +12,13 @@ call; two passes::
   and so less L1;
 * ``persistent``: 132 programs in rounds (`v3._schedule`);
 * ``persistent.128``: 128 programs, 16 tiles each, no partial round;
-* ``persistent.snake``: 132 programs, every other round backwards.
+* ``persistent.snake``: 132 programs, every other round backwards;
+* ``persistent.q_fastest``: 132 programs in rounds, the query tiles fastest in the order
+  (a round takes ~4 heads' 32 tiles, which share their K and V, rather than 8 tiles of
+  every head), as tokamax's persistent programs take them (``nd_loop`` over (heads,
+  query tiles)).
+
+Labels after ``OUT.json`` time those variants only (tokamax's persistent kernel always).
 """
 
 import contextlib
@@ -24,6 +30,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 from costs import BATCH, BLOCK_K, HEAD_DIM, HEADS, Q_LEN, _tokamax
+from jax import lax
 
 import jaxtile
 from bench import check
@@ -46,26 +53,34 @@ def _snaking(cls, tiles, work, most):
     return cls(tiles, min(most, math.prod(tiles)), snake=True)
 
 
+def _q_fastest(self, i, order=None):
+    heads, q_tiles, _ = (jnp.int32(n) for n in self.tiles)
+    linear = self._linear(i)
+    return lax.rem(lax.div(linear, q_tiles), heads), lax.rem(linear, q_tiles), lax.div(linear, heads * q_tiles)
+
+
 VARIANTS = {
     "tile": (False, None),
     "tile.own_output": (False, (v3.Tuning, "own_output", lambda self, head_dim, head_dim_v: True)),
     "persistent": (True, None),
     "persistent.128": (True, (_ring, "multiprocessors", lambda: 128)),
     "persistent.snake": (True, (_ring.Schedule, "balanced", classmethod(_snaking))),
+    "persistent.q_fastest": (True, (_ring.Schedule, "index", _q_fastest)),
 }
 
 
 def main():
     stamp = json.loads(Path("VERSION.json").read_text()) if Path("VERSION.json").exists() else {}
     print(jaxtile.__file__, stamp.get("commit"), stamp.get("dirty"), jax.__version__, jax.devices()[0].device_kind)
-    ms = {label: {kv: [] for kv in KV_LENS} for label in (*VARIANTS, "tokamax.persistent")}
+    variants = {label: VARIANTS[label] for label in sys.argv[2:]} or VARIANTS
+    ms = {label: {kv: [] for kv in KV_LENS} for label in (*variants, "tokamax.persistent")}
     tokamax = _tokamax(True)
     for _pass in range(2):
         for kv_len in KV_LENS:
             keys = jax.random.split(jax.random.key(kv_len), 3)
             q = jax.random.normal(keys[0], (BATCH, Q_LEN, HEADS, HEAD_DIM), jnp.bfloat16)
             k, v = (jax.random.normal(key, (BATCH, kv_len, HEADS, HEAD_DIM), jnp.bfloat16) for key in keys[1:])
-            for label, (persistent, patch) in VARIANTS.items():
+            for label, (persistent, patch) in variants.items():
                 tuning = v3.Tuning(persistent=persistent)
 
                 def attend(q, k, v, tuning=tuning):
