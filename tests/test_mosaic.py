@@ -478,16 +478,17 @@ def test_segment_ids_take_key_tiles_of_at_most_128(monkeypatch):
     assert tiles == [128, 64, 64, 128]
 
 
+@pytest.mark.parametrize("queries_first", [False, True])
 @pytest.mark.parametrize("snake", [False, True])
 @pytest.mark.parametrize(
     "tiles, programs", [((4, 3, 2), 5), ((1, 7, 1), 7), ((3, 1, 1), 1), ((2, 8, 3), 48), ((5, 7, 1), 6)]
 )
-def test_persistent_programs_run_every_tile_once_in_rounds(tiles, programs, snake):
+def test_persistent_programs_run_every_tile_once_in_rounds(tiles, programs, snake, queries_first):
     """`Schedule`'s programs (the ``"programs"`` axis, here a vmap's) run every (head,
     query tile, batch) of the grid once, in rounds of the order a launch would start them
-    (heads fastest), every other one backwards when snaking; one program per tile without
-    programs."""
-    schedule = _ring.Schedule(tiles, programs, snake)
+    (heads fastest) or with the query tiles fastest, every other one backwards when
+    snaking; one program per tile without programs."""
+    schedule = _ring.Schedule(tiles, programs, snake, queries_first=queries_first)
     assert schedule.grid == (programs,) and schedule.names == ("programs",)
     steps = -(-math.prod(tiles) // programs)
 
@@ -501,13 +502,15 @@ def test_persistent_programs_run_every_tile_once_in_rounds(tiles, programs, snak
     for p in range(programs):
         for i in range(int(counts[p])):
             h, t, b = (int(x) for x in indices[p, i])
-            place = h + heads * (t + q_tiles * b)
+            place = t + q_tiles * (h + heads * b) if queries_first else h + heads * (t + q_tiles * b)
             assert place == i * programs + (programs - 1 - p if snake and i % 2 else p)
             ran.append(place)
     assert sorted(ran) == list(range(math.prod(tiles)))
     assert _ring.Schedule(tiles).grid == tiles and _ring.Schedule(tiles).names == ("heads", "q_tiles", "batch")
     with pytest.raises(ValueError, match=r"programs=0 must be in \[1, 24\] for tiles=\(4, 3, 2\)"):
         _ring.Schedule((4, 3, 2), 0)
+    with pytest.raises(ValueError, match=r"queries_first=True needs persistent programs in rounds, not programs=None"):
+        _ring.Schedule((4, 3, 2), queries_first=True)
 
 
 def _run_schedule(schedule: _ring.Schedule, order=None) -> list[tuple[int, int, int]]:
@@ -578,6 +581,14 @@ def test_the_forward_orders_persistent_programs_by_the_runtime_bounds(monkeypatc
     structured = MaskSpec.create(2048, 2048, causal=True)
     schedule, operands = v3._schedule(structured, v3.Tuning(persistent=True), tiles, rows, None)
     assert not schedule.ordered and schedule.programs is not None and operands == ()
+    assert not schedule.queries_first  # over 2048 keys or fewer, heads fastest
+    for long in (MaskSpec.create(8192, 8192), MaskSpec.create(8192, 8192, causal=True)):
+        schedule, operands = v3._schedule(long, v3.Tuning(persistent=True), tiles, rows, None)
+        assert schedule.queries_first and schedule.programs is not None and operands == ()
+    full = MaskSpec.create(8192, 8192)
+    assert v3._schedule(full, v3.Tuning(persistent=True), tiles, rows, None)[0] == _ring.Schedule(
+        tiles, 132, queries_first=True
+    )
 
 
 def test_the_tile_order_counts_the_key_tiles_positions_leave():
@@ -605,31 +616,45 @@ def test_persistent_programs_even_out_their_shares_of_uneven_tiles():
     for place in range(16 * 8 * 16):
         ran[place % 132].append(causal[place // 16 % 8])
     assert _ring.Schedule((16, 8, 16), 132).busiest(causal) == max(map(sum, ran))
+    # The query tiles fastest: place p holds query tile p % 8.
+    ran = [[] for _ in range(132)]
+    for place in range(16 * 8 * 16):
+        ran[place % 132].append(causal[place % 8])
+    assert _ring.Schedule((16, 8, 16), 132, queries_first=True).busiest(causal) == max(map(sum, ran))
+    queries_first = _ring.Schedule.balanced((16, 8, 16), [1] * 8, 132, queries_first=True)
+    assert queries_first == _ring.Schedule((16, 8, 16), 132, queries_first=True)
     assert _ring.Schedule.balanced((2, 2, 1), [1, 1], 132) == _ring.Schedule((2, 2, 1), 4)
 
 
-def test_persistent_programs_by_default_where_query_tiles_visit_few_keys():
-    """Calls whose query tiles each visit 2048 keys or fewer, with no segment ids and no
-    dense mask, default to persistent programs (measured, `v3._PERSISTENT_KEYS`), where
-    their output tile fits; a user's tuning keeps its own."""
-    for (q_len, kv_len), options, head_dim, persistent in (
-        ((16384, 16384), dict(window=(256, 256)), 128, True),
-        ((16384, 16384), dict(causal=True, window=(1023, 0)), 128, True),
-        ((1024, 1024), dict(), 64, True),
-        ((2048, 2048), dict(causal=True), 128, True),
-        ((1, 1024), dict(), 128, True),
-        ((4096, 4096), dict(), 64, False),
-        ((4096, 4096), dict(causal=True), 64, False),
-        ((16384, 16384), dict(window=(1000, 1000)), 128, False),
-        ((16384, 16384), dict(window=(256, 256)), 256, False),  # no room for the output's tile
-        ((1024, 1024), dict(has_segments=True), 128, False),
-        ((1024, 1024), dict(has_lengths=True), 128, True),
-        ((4096, 4096), dict(causal=True, has_lengths=True), 128, False),
-        ((1024, 1024), dict(has_dense_mask=True), 128, False),
+def test_persistent_programs_by_default_where_query_tiles_visit_few_keys_or_have_no_left_bound():
+    """Calls whose query tiles each visit 2048 keys or fewer (`v3._PERSISTENT_KEYS`), or
+    more with no left bound and no lengths (those in rounds of whole heads' query tiles,
+    `v3._queries_first`), with no segment ids and no dense mask, default to persistent
+    programs (measured), where their output tile fits; a user's tuning keeps its own."""
+    for (q_len, kv_len), options, head_dim, persistent, queries_first in (
+        ((16384, 16384), dict(window=(256, 256)), 128, True, False),
+        ((16384, 16384), dict(causal=True, window=(1023, 0)), 128, True, False),
+        ((1024, 1024), dict(), 64, True, False),
+        ((2048, 2048), dict(causal=True), 128, True, False),
+        ((1, 1024), dict(), 128, True, False),
+        ((4096, 4096), dict(), 64, True, True),
+        ((16384, 16384), dict(), 128, True, True),
+        ((4096, 4096), dict(causal=True), 64, True, True),
+        ((1000, 16384), dict(causal=True), 128, True, True),
+        ((1, 131072), dict(), 128, True, True),
+        ((4096, 4096), dict(has_lengths=True), 128, False, False),
+        ((4096, 4096), dict(causal=True, has_lengths=True), 128, False, False),
+        ((16384, 16384), dict(window=(1000, 1000)), 128, False, False),
+        ((16384, 16384), dict(causal=True, window=(4095, 0)), 128, False, False),
+        ((16384, 16384), dict(window=(256, 256)), 256, False, False),  # no room for the output's tile
+        ((1024, 1024), dict(has_segments=True), 128, False, False),
+        ((1024, 1024), dict(has_lengths=True), 128, True, False),
+        ((1024, 1024), dict(has_dense_mask=True), 128, False, False),
     ):
         spec = MaskSpec.create(q_len, kv_len, **options)
         tuning = v3._tuning(None, None, None, head_dim, head_dim, 2, spec)
         assert tuning.persistent == persistent, (q_len, kv_len, options, head_dim)
+        assert v3._queries_first(spec, _ring.CONSUMERS * tuning.block_q) == queries_first, (q_len, kv_len, options)
         assert tuning.shared_memory(head_dim, head_dim, 2, v3.Beside.of(spec)) <= _ring.BLOCK_SHARED_MEMORY
     short = MaskSpec.create(1024, 1024)
     assert not v3._tuning(v3.Tuning(), None, None, 128, 128, 2, short).persistent
@@ -762,8 +787,10 @@ def test_swept_backward_tiles_are_exact_on_the_gpu(case, candidate):
 
 
 # Forward calls for persistent programs: BACKWARD_CASES' awkward masks, enough tiles that
-# each of an H100's programs runs two (2 x 8 heads x 16 query tiles), and ragged lengths
-# alone (whose programs take the tiles heaviest first, `_ring.tile_order`).
+# each of an H100's programs runs two (2 x 8 heads x 16 query tiles), ragged lengths
+# alone (whose programs take the tiles heaviest first, `_ring.tile_order`), and more than
+# 2048 keys with no left bound, causal (bottom-right) or not (whose programs take the
+# query tiles fastest, `v3._queries_first`).
 PERSISTENT_CASES = [
     *BACKWARD_CASES,
     Case("causal_256_tiles", batch=(2,), q_len=2048, num_heads=8, head_dim=128, dtype="bfloat16", causal=True),
@@ -778,6 +805,8 @@ PERSISTENT_CASES = [
         causal=True,
         lengths="ragged",
     ),
+    Case("causal_queries_first", q_len=1100, kv_len=2500, num_heads=6, head_dim=128, dtype="bfloat16", causal=True),
+    Case("full_queries_first_d96", batch=(2,), q_len=700, kv_len=2300, num_heads=3, head_dim=96, dtype="float16"),
 ]
 
 

@@ -226,9 +226,11 @@ class Schedule:
     ``programs`` None: one program per tile; the launch grid is ``tiles``, its axes
     ``"heads"``, ``"q_tiles"``, ``"batch"``. Else ``programs`` persistent programs (the
     ``"programs"`` axis) run the tiles in rounds, one tile each per round, in the order
-    the hardware launches a grid (heads fastest), every other round backwards if
-    ``snake``. A program moves to its next tile without a launch, its producer loading
-    that tile's keys while its consumers finish the last.
+    the hardware launches a grid (heads fastest) or, with ``queries_first``, the query
+    tiles fastest (a round takes whole heads' tiles, which read the same K and V: L2 keeps
+    them), every other round backwards if ``snake``. A program moves to its next tile
+    without a launch, its producer loading that tile's keys while its consumers finish
+    the last.
 
     ``ordered`` (persistent programs only): the places in that order hold the tiles of a
     runtime permutation (`tile_order`, the heaviest first), for masks with runtime bounds
@@ -239,22 +241,33 @@ class Schedule:
     programs: int | None = None
     snake: bool = False
     ordered: bool = False
+    queries_first: bool = False
 
     def __post_init__(self):
         if self.programs is not None and not 0 < self.programs <= math.prod(self.tiles):
             raise ValueError(f"programs={self.programs} must be in [1, {math.prod(self.tiles)}] for tiles={self.tiles}")
         if self.ordered and self.programs is None:
             raise ValueError(f"ordered={self.ordered} needs persistent programs, not programs={self.programs}")
+        if self.queries_first and (self.programs is None or self.ordered):
+            raise ValueError(
+                f"queries_first={self.queries_first} needs persistent programs in rounds, not "
+                f"programs={self.programs}, ordered={self.ordered}"
+            )
 
     @classmethod
-    def balanced(cls, tiles: tuple[int, int, int], work: Sequence[float], most: int) -> Schedule:
+    def balanced(
+        cls, tiles: tuple[int, int, int], work: Sequence[float], most: int, queries_first: bool = False
+    ) -> Schedule:
         """The persistent schedule of at most ``most`` programs (and at least 7/8 of them),
-        in rounds or snaking, whose `busiest` program has the least ``work`` (where
-        programs keep their own share of uneven tiles, their count and order set how even
-        the shares are); the most programs, in rounds, among equals."""
+        in rounds or snaking (in the order ``queries_first`` says), whose `busiest` program
+        has the least ``work`` (where programs keep their own share of uneven tiles, their
+        count and order set how even the shares are); the most programs, in rounds, among
+        equals."""
         most = min(most, math.prod(tiles))
         candidates = [
-            cls(tiles, p, snake) for p in range(most, max(1, most * 7 // 8) - 1, -1) for snake in (False, True)
+            cls(tiles, p, snake, queries_first=queries_first)
+            for p in range(most, max(1, most * 7 // 8) - 1, -1)
+            for snake in (False, True)
         ]
         return min(candidates, key=lambda schedule: schedule.busiest(work))
 
@@ -265,7 +278,8 @@ class Schedule:
         place = np.arange(math.prod(self.tiles))
         rounds, column = np.divmod(place, self.programs)
         program = np.where(self.snake & (rounds % 2 == 1), self.programs - 1 - column, column)
-        return np.bincount(program, np.asarray(work, np.float64)[place // heads % q_tiles], self.programs).max()
+        q_tile = place % q_tiles if self.queries_first else place // heads % q_tiles
+        return np.bincount(program, np.asarray(work, np.float64)[q_tile], self.programs).max()
 
     @property
     def grid(self) -> tuple[int, ...]:
@@ -297,6 +311,8 @@ class Schedule:
             return tuple(lax.axis_index(name) for name in self.names)
         heads, q_tiles, _ = (jnp.int32(n) for n in self.tiles)
         linear = self._linear(i)
+        if self.queries_first:
+            return lax.rem(lax.div(linear, q_tiles), heads), lax.rem(linear, q_tiles), lax.div(linear, heads * q_tiles)
         if not self.ordered:
             return lax.rem(linear, heads), lax.rem(lax.div(linear, heads), q_tiles), lax.div(linear, heads * q_tiles)
         # A unit of the order stands for `repeat` heads (all of them where the bounds are

@@ -149,18 +149,36 @@ _SHORT_CAUSAL = 4096
 # 0.75x). With lengths the programs take the tiles heaviest first (H200,
 # `bench/results/h200/lengths/`: ragged lengths over 1K and 2K keys 1.11-1.28x, over 4K
 # 1.14-1.16x, over 16K 0.95x; lengths that are the whole sequences, 2K 0.86-0.91x, 4K
-# 0.93x; batch element by batch element, 0.73-0.99x).
+# 0.93x; batch element by batch element, 0.73-0.99x). Over more keys, masks with no left
+# bound (none, causal) and no lengths take persistent programs too, in rounds of whole
+# heads' query tiles (`_queries_first`; H200, head dim 128, 4K and 8K keys,
+# `bench/results/h200/tile_costs/`: 1.03x one program per tile, where rounds of every
+# head's tiles ran 0.98x; `bench/results/h200/causal_order/`: causal 4K 1.05x, 16K 1.01x).
 _PERSISTENT_KEYS = 2048
 
 
 def _persistent(spec: MaskSpec | None, rows: int) -> bool:
-    """Whether each of ``spec``'s query tiles of ``rows`` rows visits at most
-    `_PERSISTENT_KEYS` keys, the mask having no segment ids and no dense mask (with
-    lengths, the programs take the tiles heaviest first: `_schedule`)."""
+    """Whether ``spec``'s query tiles of ``rows`` rows each visit at most
+    `_PERSISTENT_KEYS` keys, or take persistent programs over more (`_queries_first`),
+    the mask having no segment ids and no dense mask (with lengths, the programs take the
+    tiles heaviest first: `_schedule`)."""
     if spec is None or spec.masks_elements:
         return False
-    keys = spec.kv_len if spec.left is None or spec.right is None else min(spec.kv_len, spec.left + spec.right + rows)
-    return keys <= _PERSISTENT_KEYS
+    return _keys(spec, rows) <= _PERSISTENT_KEYS or _queries_first(spec, rows)
+
+
+def _keys(spec: MaskSpec, rows: int) -> int:
+    """The most keys one of ``spec``'s query tiles of ``rows`` rows visits."""
+    if spec.left is None or spec.right is None:
+        return spec.kv_len
+    return min(spec.kv_len, spec.left + spec.right + rows)
+
+
+def _queries_first(spec: MaskSpec, rows: int) -> bool:
+    """Whether ``spec``'s persistent programs take the query tiles fastest (a round holds
+    whole heads' tiles, which read the same K and V): where its query tiles of ``rows``
+    rows visit more than `_PERSISTENT_KEYS` keys with no left bound and no lengths."""
+    return spec.left is None and not spec.has_lengths and _keys(spec, rows) > _PERSISTENT_KEYS
 
 
 class Beside(NamedTuple):
@@ -428,13 +446,15 @@ def _key_tiles(spec: MaskSpec, q_tiles: int, rows: int, block_k: int) -> np.ndar
 def _schedule(spec: MaskSpec, tuning: Tuning, tiles: tuple[int, int, int], rows: int, bounds):
     """The forward's `_ring.Schedule` of ``tiles`` and its extra operands: one program per
     tile, or persistent programs; these balanced on the host (`_key_tiles`) where the mask
-    has no runtime ``bounds``, else taking the tiles heaviest first in snaking rounds
+    has no runtime ``bounds`` (the query tiles fastest where `_queries_first`), else taking the tiles heaviest first in snaking rounds
     (`_ring.tile_order`, the one operand)."""
     if not tuning.persistent:
         return _ring.Schedule(tiles), ()
     if bounds is None:
         work = _key_tiles(spec, tiles[1], rows, tuning.block_k)
-        return _ring.Schedule.balanced(tiles, work, _ring.multiprocessors()), ()
+        return _ring.Schedule.balanced(
+            tiles, work, _ring.multiprocessors(), queries_first=_queries_first(spec, rows)
+        ), ()
     programs = min(_ring.multiprocessors(), math.prod(tiles))
     order = _ring.tile_order(spec, bounds, tiles[2], rows, tuning.block_k)
     return _ring.Schedule(tiles, programs, snake=True, ordered=True), (order,)
