@@ -153,7 +153,10 @@ _SHORT_CAUSAL = 4096
 # bound (none, causal) and no lengths take persistent programs too, in rounds of whole
 # heads' query tiles (`_queries_first`; H200, head dim 128, 4K and 8K keys,
 # `bench/results/h200/tile_costs/`: 1.03x one program per tile, where rounds of every
-# head's tiles ran 0.98x; `bench/results/h200/causal_order/`: causal 4K 1.05x, 16K 1.01x).
+# head's tiles ran 0.98x; causal, `bench/results/h200/causal_order/`: 4K 1.06x, 16K
+# 1.00-1.01x, where rounds of every head's tiles ran 0.97x at 16K; against 15a5c27,
+# `bench/results/h200/persistent_order/`: 0.99-1.04x, and head dim 128, causal 4K 0.94x
+# and then 1.04x, within that row's spread between runs).
 _PERSISTENT_KEYS = 2048
 
 
@@ -446,8 +449,9 @@ def _key_tiles(spec: MaskSpec, q_tiles: int, rows: int, block_k: int) -> np.ndar
 def _schedule(spec: MaskSpec, tuning: Tuning, tiles: tuple[int, int, int], rows: int, bounds):
     """The forward's `_ring.Schedule` of ``tiles`` and its extra operands: one program per
     tile, or persistent programs; these balanced on the host (`_key_tiles`) where the mask
-    has no runtime ``bounds`` (the query tiles fastest where `_queries_first`), else taking the tiles heaviest first in snaking rounds
-    (`_ring.tile_order`, the one operand)."""
+    has no runtime ``bounds`` (the query tiles fastest where `_queries_first`), else
+    taking the tiles heaviest first in snaking rounds (`_ring.tile_order`, the one
+    operand)."""
     if not tuning.persistent:
         return _ring.Schedule(tiles), ()
     if bounds is None:
