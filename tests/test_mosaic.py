@@ -511,6 +511,8 @@ def test_persistent_programs_run_every_tile_once_in_rounds(tiles, programs, snak
         _ring.Schedule((4, 3, 2), 0)
     with pytest.raises(ValueError, match=r"queries_first=True needs persistent programs in rounds, not programs=None"):
         _ring.Schedule((4, 3, 2), queries_first=True)
+    with pytest.raises(ValueError, match=r"queries_first=True needs persistent programs in rounds, .*ordered=True"):
+        _ring.Schedule((4, 3, 2), 5, ordered=True, queries_first=True)
 
 
 def _run_schedule(schedule: _ring.Schedule, order=None) -> list[tuple[int, int, int]]:
@@ -582,13 +584,12 @@ def test_the_forward_orders_persistent_programs_by_the_runtime_bounds(monkeypatc
     schedule, operands = v3._schedule(structured, v3.Tuning(persistent=True), tiles, rows, None)
     assert not schedule.ordered and schedule.programs is not None and operands == ()
     assert not schedule.queries_first  # over 2048 keys or fewer, heads fastest
-    for long in (MaskSpec.create(8192, 8192), MaskSpec.create(8192, 8192, causal=True)):
-        schedule, operands = v3._schedule(long, v3.Tuning(persistent=True), tiles, rows, None)
-        assert schedule.queries_first and schedule.programs is not None and operands == ()
+    causal = MaskSpec.create(8192, 8192, causal=True)
+    schedule, operands = v3._schedule(causal, v3.Tuning(persistent=True), tiles, rows, None)
+    assert schedule.queries_first and schedule.programs is not None and operands == ()
     full = MaskSpec.create(8192, 8192)
-    assert v3._schedule(full, v3.Tuning(persistent=True), tiles, rows, None)[0] == _ring.Schedule(
-        tiles, 132, queries_first=True
-    )
+    schedule, operands = v3._schedule(full, v3.Tuning(persistent=True), tiles, rows, None)
+    assert schedule == _ring.Schedule(tiles, 132, queries_first=True) and operands == ()
 
 
 def test_the_tile_order_counts_the_key_tiles_positions_leave():
@@ -641,6 +642,8 @@ def test_persistent_programs_by_default_where_query_tiles_visit_few_keys_or_have
         ((16384, 16384), dict(), 128, True, True),
         ((4096, 4096), dict(causal=True), 64, True, True),
         ((1000, 16384), dict(causal=True), 128, True, True),
+        ((1100, 2500), dict(causal=True), 128, True, True),  # PERSISTENT_CASES' two in this order
+        ((700, 2300), dict(), 96, True, True),
         ((1, 131072), dict(), 128, True, True),
         ((4096, 4096), dict(has_lengths=True), 128, False, False),
         ((4096, 4096), dict(causal=True, has_lengths=True), 128, False, False),
