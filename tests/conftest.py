@@ -9,6 +9,8 @@ test and never a name. An implementation registered outside jaxtile (a module li
 
 from __future__ import annotations
 
+import os
+
 import jax
 import pytest
 
@@ -16,6 +18,15 @@ from jaxtile import registry
 
 IMPLEMENTATIONS = registry.implementations()
 TILED = tuple(i for i in IMPLEMENTATIONS if i.tiled)
+
+# The Mosaic GPU interpreter (`mosaic_interpreter`) runs each warpgroup as a CPU
+# computation that blocks, inside callbacks, until another warpgroup's arrives. The CPU
+# client's pool has one thread per core (two in CI), fewer than the computations blocked at
+# once, and the interpreter deadlocked on it. So the pool gets 16 threads (XLA reads
+# ``NPROC``), and computations run on their callers' threads where they can (no
+# asynchronous dispatch). Both are read when the backend starts, before any test runs.
+os.environ["NPROC"] = "16"
+jax.config.update("jax_cpu_enable_async_dispatch", False)
 
 ON_GPU = jax.default_backend() == "gpu"
 

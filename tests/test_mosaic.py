@@ -1,7 +1,8 @@
-"""The Mosaic GPU family (`jaxtile.mosaic`) off the GPU: Mosaic GPU has no interpreter on
-the jax versions CI runs, so here its kernel is traced and lowered for CUDA (every shape,
-layout and barrier the kernel declares is checked then; ``ptxas`` and the numbers need
-the GPU, where the shared test base runs it), and its dispatch and tuning are tested."""
+"""The Mosaic GPU family (`jaxtile.mosaic`) off the GPU: its kernels traced and lowered
+for CUDA (every shape, layout and barrier the kernel declares is checked then; ``ptxas``
+and the speed need the GPU, where the shared test base runs it), and its dispatch and
+tuning. Their numbers on the CPU, through jax's Mosaic GPU interpreter, are
+`test_mosaic_interpreted`'s."""
 
 from __future__ import annotations
 

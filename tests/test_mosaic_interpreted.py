@@ -1,0 +1,106 @@
+"""mosaic_v3's kernels run on the CPU through jax's Mosaic GPU interpreter
+(`mosaic_interpreter`), against the float64 reference: outputs, lse and the three
+gradients (four with a bias), each case through the forward kernel, the dK/dV and dQ
+kernels and their warpgroups' barriers as they run on the GPU. The shapes are small
+(the interpreter runs every warpgroup of every program as a host thread); the GPU tests
+(`test_mosaic.py`, the shared test base on a Hopper GPU) take the same masks at scale."""
+
+from __future__ import annotations
+
+import pytest
+from mosaic_interpreter import UNAVAILABLE, interpreted
+
+import jaxtile
+from jaxtile.mosaic import _ring, v3
+from jaxtile.mosaic.backward import BackwardTuning
+from parity.case import Case
+from parity.run import run_case
+
+pytestmark = [pytest.mark.interpreted, pytest.mark.skipif(UNAVAILABLE is not None, reason=str(UNAVAILABLE))]
+
+# Every mask kind the kernels read, in each dtype they take; lengths that are not tile
+# multiples (the kernels' tiles are 128 query rows by 64 or 128 keys), head dims that
+# are not powers of two, fewer queries than keys (bottom-right) and more.
+CASES = [
+    Case("causal_d64", q_len=200, num_heads=2, head_dim=64, dtype="bfloat16", causal=True),
+    Case("full_fp16_d128_lse_grad", q_len=150, kv_len=260, num_heads=2, head_dim=128, dtype="float16", lse_grad=True),
+    Case(
+        "gqa_window_fp16_d80",
+        q_len=150,
+        kv_len=260,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=80,
+        dtype="float16",
+        causal=True,
+        window=(40, 0),
+    ),
+    Case(
+        "mqa_two_sided_window_soft_cap_d96",
+        batch=(1,),
+        q_len=190,
+        num_heads=3,
+        num_kv_heads=1,
+        head_dim=96,
+        dtype="bfloat16",
+        window=(30, 20),
+        logits_soft_cap=5.0,
+    ),
+    Case("segments_d128", q_len=200, num_heads=2, head_dim=128, dtype="bfloat16", segments=3),
+    Case("ragged_lengths_causal", q_len=130, num_heads=2, head_dim=64, dtype="bfloat16", causal=True, lengths="ragged"),
+    Case("dense_random", q_len=140, num_heads=2, head_dim=64, dtype="bfloat16", mask="random"),
+    Case("empty_rows_fp16", q_len=140, num_heads=2, head_dim=64, dtype="float16", mask="empty_rows"),
+    Case("d256_causal", q_len=130, num_heads=2, head_dim=256, dtype="bfloat16", causal=True),
+    Case("bias_soft_cap", q_len=150, num_heads=2, head_dim=64, dtype="bfloat16", logits_soft_cap=20.0, bias="full"),
+    Case("decode_gqa", batch=(3,), q_len=1, kv_len=300, num_heads=4, num_kv_heads=2, head_dim=128, dtype="bfloat16"),
+    Case("q_longer_than_kv_causal", q_len=200, kv_len=70, num_heads=2, head_dim=64, dtype="float16", causal=True),
+]
+
+# Persistent programs, 3 of them so that each runs several tiles and the rings' slots carry
+# over from tile to tile: heads fastest (a window), and more than 2048 keys with no left
+# bound, where the query tiles go fastest (`v3._queries_first`).
+PERSISTENT_CASES = [
+    Case(
+        "persistent_gqa_window",
+        q_len=300,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=64,
+        dtype="bfloat16",
+        causal=True,
+        window=(100, 0),
+    ),
+    Case("persistent_queries_first", batch=(1,), q_len=260, kv_len=2100, num_heads=2, head_dim=64, dtype="bfloat16"),
+]
+
+
+def _assert_exact(case: Case, tuning: v3.Tuning | None = None):
+    def mosaic_v3(q, k, v, **options):
+        return jaxtile.flash_attention(q, k, v, implementation="mosaic_v3", tuning=tuning, **options)
+
+    result = run_case(case, mosaic_v3)
+    assert result.ok, result.describe()
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
+def test_the_kernels_are_exact(case, monkeypatch):
+    with interpreted(monkeypatch):
+        _assert_exact(case)
+
+
+@pytest.mark.parametrize("case", PERSISTENT_CASES, ids=lambda case: case.name)
+def test_persistent_programs_are_exact(case, monkeypatch):
+    monkeypatch.setattr(_ring, "multiprocessors", lambda: 3)
+    with interpreted(monkeypatch):
+        _assert_exact(case, v3.Tuning(persistent=True))
+
+
+def test_a_swept_backward_tiling_is_exact(monkeypatch):
+    """A tiling the sweep may pick (`bench.tune`) beside the defaults the cases take: three
+    stages, and dQ's ring tiles of 128 keys apart from dK/dV's 64. (A tiling that does not
+    fit would send the call to the Triton backward, which this interpreter refuses.)"""
+    backward = BackwardTuning(block_q=64, block_k=64, num_stages=3, dq_block_k=128)
+    assert backward.fits(64, 64, 2)
+    case = Case("swept_tiling", q_len=300, kv_len=330, num_heads=2, head_dim=64, dtype="bfloat16", causal=True)
+    with interpreted(monkeypatch):
+        _assert_exact(case, v3.Tuning(backward=backward))
