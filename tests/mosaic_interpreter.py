@@ -182,9 +182,12 @@ def _free(barrier):
 
 
 @contextlib.contextmanager
-def interpreted(monkeypatch):
-    """Runs Mosaic GPU kernels traced inside it on the CPU, with the gaps above filled
-    (``monkeypatch``: pytest's, which undoes the patches after the test)."""
+def interpreted(monkeypatch, detect_races: bool = False):
+    """Runs Mosaic GPU kernels traced inside it on the CPU, with the gaps above filled, on a
+    fresh simulated GPU (a failed call leaves the interpreter's state behind); with
+    ``detect_races``, the interpreter's happens-before race detector watches every read
+    and write of shared and global memory (`races_found`). ``monkeypatch``: pytest's,
+    which undoes the patches after the test."""
     interpreter = jaxpr_interpret.JaxprInterpreter
     monkeypatch.setattr(interpreter, "interpret", _interpret(interpreter.interpret))
     monkeypatch.setattr(gpu_callbacks, "_validate_transforms", _indexers_only)
@@ -195,9 +198,15 @@ def interpreted(monkeypatch):
     monkeypatch.setattr(
         registry.Implementation, "unable", lambda self, p: None if self.family == "mosaic" else unable(self, p)
     )
+    gpu_callbacks.reset_gpu_interpret_mode_state()
     jax.clear_caches()  # kernels traced for the GPU, or before the patches, are not reused
     try:
-        with interpret_params.force_gpu_interpret_mode(interpret_params.InterpretGPUParams()):
+        with interpret_params.force_gpu_interpret_mode(interpret_params.InterpretGPUParams(detect_races=detect_races)):
             yield
     finally:
         jax.clear_caches()
+
+
+def races_found() -> bool:
+    """Whether the race detector saw a race in a kernel run since `interpreted` began."""
+    return gpu_callbacks.get_races().races_found

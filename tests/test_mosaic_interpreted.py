@@ -1,14 +1,16 @@
 """mosaic_v3's kernels run on the CPU through jax's Mosaic GPU interpreter
 (`mosaic_interpreter`), against the float64 reference: outputs, lse and the three
 gradients (four with a bias), each case through the forward kernel, the dK/dV and dQ
-kernels and their warpgroups' barriers as they run on the GPU. The shapes are small
-(the interpreter runs every warpgroup of every program as a host thread); the GPU tests
-(`test_mosaic.py`, the shared test base on a Hopper GPU) take the same masks at scale."""
+kernels and their warpgroups' barriers as they run on the GPU (a call that fell back to
+the Triton kernels would fail here: the interpreter does not take their loads). The
+shapes are small (the interpreter runs every warpgroup of every program as a host
+thread); the GPU tests (`test_mosaic.py`, the shared test base on a Hopper GPU) take the
+same masks at scale."""
 
 from __future__ import annotations
 
 import pytest
-from mosaic_interpreter import UNAVAILABLE, interpreted
+from mosaic_interpreter import UNAVAILABLE, interpreted, races_found
 
 import jaxtile
 from jaxtile.mosaic import _ring, v3
@@ -104,3 +106,13 @@ def test_a_swept_backward_tiling_is_exact(monkeypatch):
     case = Case("swept_tiling", q_len=300, kv_len=330, num_heads=2, head_dim=64, dtype="bfloat16", causal=True)
     with interpreted(monkeypatch):
         _assert_exact(case, v3.Tuning(backward=backward))
+
+
+def test_the_kernels_have_no_races(monkeypatch):
+    """The forward, dK/dV (its query heads shared out over programs) and dQ kernels under
+    the interpreter's race detector: no read or write of shared or global memory that the
+    barriers do not order after the write it could see."""
+    case = Case("gqa_causal", q_len=130, num_heads=4, num_kv_heads=2, head_dim=64, dtype="bfloat16", causal=True)
+    with interpreted(monkeypatch, detect_races=True):
+        _assert_exact(case)
+        assert not races_found()
