@@ -756,9 +756,9 @@ DENSE_CASES = [
 ]
 
 
-def _assert_exact(case: Case, tuning: v3.Tuning):
+def assert_exact(case: Case, tuning: v3.Tuning | None = None):
     """``case`` on mosaic_v3 with ``tuning`` against the float64 reference (`run_case`:
-    outputs and gradients)."""
+    outputs and gradients); also run under the interpreter (`test_mosaic_interpreted`)."""
 
     def mosaic_v3(q, k, v, **options):
         return jaxtile.flash_attention(q, k, v, implementation="mosaic_v3", tuning=tuning, **options)
@@ -787,7 +787,7 @@ def test_swept_backward_tiles_are_exact_on_the_gpu(case, candidate):
     """Every backward tiling the sweep may pick, on the cases where it applies, against
     the float64 reference (outputs and the three gradients), before it can become a
     default."""
-    _assert_exact(case, v3.Tuning(backward=mosaic_backward.BackwardTuning(*candidate)))
+    assert_exact(case, v3.Tuning(backward=mosaic_backward.BackwardTuning(*candidate)))
 
 
 # Forward calls for persistent programs: BACKWARD_CASES' awkward masks, enough tiles that
@@ -826,7 +826,7 @@ def test_persistent_programs_are_exact_on_the_gpu(case, programs, monkeypatch, r
         monkeypatch.setattr(_ring, "multiprocessors", lambda: programs)
     jax.clear_caches()
     request.addfinalizer(jax.clear_caches)
-    _assert_exact(case, v3.Tuning(persistent=True))
+    assert_exact(case, v3.Tuning(persistent=True))
 
 
 @pytest.mark.gpu
@@ -836,7 +836,7 @@ def test_dense_masks_are_exact_on_the_gpu(case, persistent):
     """The forward and the backward kernels reading dense masks tile by tile
     (`_ring.dense_stream`), with one program per query tile and persistent programs,
     against the float64 reference: outputs and the three gradients."""
-    _assert_exact(case, v3.Tuning(persistent=persistent))
+    assert_exact(case, v3.Tuning(persistent=persistent))
 
 
 # A bias beside every mask the forward's ring carries: GQA, a window and ragged lengths at
@@ -914,5 +914,5 @@ def test_a_bias_is_exact_on_the_gpu(case, mosaic_backward, persistent, monkeypat
     monkeypatch.setattr(v3, "backward_pass", lambda *args: taken.append(args) or mosaic_backward_pass(*args))
     jax.clear_caches()
     request.addfinalizer(jax.clear_caches)
-    _assert_exact(case, v3.Tuning(persistent=persistent))
+    assert_exact(case, v3.Tuning(persistent=persistent))
     assert bool(taken) == mosaic_backward

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import pytest
 from mosaic_interpreter import UNAVAILABLE, interpreted, races_found
+from test_mosaic import assert_exact
 
-import jaxtile
 from jaxtile.mosaic import _ring, v3
 from jaxtile.mosaic.backward import BackwardTuning
 from parity.case import Case
-from parity.run import run_case
 
 pytestmark = [pytest.mark.interpreted, pytest.mark.skipif(UNAVAILABLE is not None, reason=str(UNAVAILABLE))]
 
@@ -76,25 +75,17 @@ PERSISTENT_CASES = [
 ]
 
 
-def _assert_exact(case: Case, tuning: v3.Tuning | None = None):
-    def mosaic_v3(q, k, v, **options):
-        return jaxtile.flash_attention(q, k, v, implementation="mosaic_v3", tuning=tuning, **options)
-
-    result = run_case(case, mosaic_v3)
-    assert result.ok, result.describe()
-
-
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
 def test_the_kernels_are_exact(case, monkeypatch):
     with interpreted(monkeypatch):
-        _assert_exact(case)
+        assert_exact(case)
 
 
 @pytest.mark.parametrize("case", PERSISTENT_CASES, ids=lambda case: case.name)
 def test_persistent_programs_are_exact(case, monkeypatch):
     monkeypatch.setattr(_ring, "multiprocessors", lambda: 3)
     with interpreted(monkeypatch):
-        _assert_exact(case, v3.Tuning(persistent=True))
+        assert_exact(case, v3.Tuning(persistent=True))
 
 
 def test_a_swept_backward_tiling_is_exact(monkeypatch):
@@ -105,7 +96,7 @@ def test_a_swept_backward_tiling_is_exact(monkeypatch):
     assert backward.fits(64, 64, 2)
     case = Case("swept_tiling", q_len=300, kv_len=330, num_heads=2, head_dim=64, dtype="bfloat16", causal=True)
     with interpreted(monkeypatch):
-        _assert_exact(case, v3.Tuning(backward=backward))
+        assert_exact(case, v3.Tuning(backward=backward))
 
 
 def test_the_kernels_have_no_races(monkeypatch):
@@ -114,5 +105,5 @@ def test_the_kernels_have_no_races(monkeypatch):
     barriers do not order after the write it could see."""
     case = Case("gqa_causal", q_len=130, num_heads=4, num_kv_heads=2, head_dim=64, dtype="bfloat16", causal=True)
     with interpreted(monkeypatch, detect_races=True):
-        _assert_exact(case)
+        assert_exact(case)
         assert not races_found()
