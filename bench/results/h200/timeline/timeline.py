@@ -1,0 +1,181 @@
+"""Where a forward's fixed cost per query tile goes: every program of mosaic_v3's and of
+tokamax's sm90 forward timed on the GPU by Mosaic GPU's on-device profiler.
+
+`../tile_costs/` found mosaic_v3's forward (one program per query tile) costs what
+tokamax's does per key step but about 11 µs more a call in the part that does not grow
+with the keys: 0.7 µs for each of the ~15.5 waves of programs. This asks whether that is
+inside the programs (longer from first to last instruction) or between them (an SM idle
+from one program's end to the next one's start).
+
+Both kernels go through ``plgpu.kernel``, which this script wraps for the profiled calls:
+the kernel's body becomes one named region and its compiler parameters gain a profile
+buffer. Each program's warpgroups then record the global timer at their start (ns) and the
+SM's clock at the region's entry and exit (cycles), which Mosaic GPU writes out as a
+Chrome trace. From those, per kernel: each warpgroup's span (first to last event, in
+cycles and in µs at the SM clock measured here), the start-to-start time of successive
+programs on one SM, and the gap that leaves after the previous program's span. Calls
+without the profiler are timed beside cuDNN for scale::
+
+    PYTHONPATH=. python timeline.py OUT_DIR
+"""
+
+import collections
+import dataclasses
+import itertools
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+import jaxtile
+from bench import check
+from jaxtile.mosaic import v3
+
+BATCH, Q_LEN, HEADS, HEAD_DIM, BLOCK_K = 4, 4096, 16, 128, 128
+KV_LENS = (1024, 4096)
+WARPGROUPS = 3  # two consumers and the producer, in both kernels
+_KERNEL = plgpu.kernel
+
+
+def _profiled(trace_dir: Path):
+    """``plgpu.kernel`` with the body in one named region and a profile buffer."""
+
+    def kernel(body, *args, compiler_params=None, **kwargs):
+        params = dataclasses.replace(
+            compiler_params or plgpu.CompilerParams(), profile_space=64, profile_dir=str(trace_dir)
+        )
+        return _KERNEL(jax.named_scope("program")(body), *args, compiler_params=params, **kwargs)
+
+    return kernel
+
+
+def _jaxtile():
+    tuning = v3.Tuning(persistent=False)
+    return lambda q, k, v: jaxtile.flash_attention(q, k, v, implementation="mosaic_v3", tuning=tuning)
+
+
+def _tokamax():
+    tokamax = check.load_tokamax()
+    if tokamax is None:
+        return None
+    from tokamax._src.ops.attention import pallas_mosaic_gpu as tk
+
+    config = tk.ConfigSM90(block_q=64, block_kv=BLOCK_K, num_stages=2, persistent=False)
+    op = tk.PallasMosaicGpuFlashAttention(config=config)
+    return lambda q, k, v: tokamax.dot_product_attention(q, k, v, implementation=(op,))
+
+
+def _cudnn(q, k, v):
+    return jax.nn.dot_product_attention(q, k, v, implementation="cudnn")
+
+
+def sm_clock_mhz() -> float:
+    out = subprocess.run(
+        ["nvidia-smi", "--query-gpu=clocks.sm", "--format=csv,noheader,nounits"], capture_output=True, text=True
+    )
+    return float(out.stdout.split()[0])
+
+
+def programs(trace: dict) -> dict:
+    """``{(block, warpgroup): (sm, start_ns, span_cycles, init_cycles)}`` from one profiled
+    call's Chrome trace (Mosaic GPU's ``ProfilerSpec.dump``: each event's ``ts`` is the
+    warpgroup's start in ns, the low 32 bits of the global timer, plus the cycles since its
+    first event, over 1000). ``init_cycles``: Mosaic GPU's own region ``Init`` (barriers
+    and shared memory set up before the body)."""
+    events = collections.defaultdict(list)
+    for event in trace["traceEvents"]:
+        events[(event["pid"], event["tid"])].append((event["name"], event["ph"], event["ts"] * 1e3))
+    starts = np.array([stamps[0][2] for stamps in events.values()])
+    wrapped = starts.max() - starts.min() > 2**31  # the timer's low word wrapped mid-call
+    found = {}
+    for (pid, tid), stamps in events.items():
+        block, warpgroup = divmod(tid - 1, WARPGROUPS)
+        start = stamps[0][2] + (2**32 if wrapped and stamps[0][2] < 2**31 else 0)
+        init = [ts for name, _, ts in stamps if name == "Init"]
+        found[(block, warpgroup)] = (pid - 1, start, stamps[-1][2] - stamps[0][2], init[-1] - init[0] if init else 0.0)
+    return found
+
+
+def summary(found: dict, mhz: float) -> dict:
+    """Per warpgroup, the median span; per SM, start-to-start times of its successive
+    programs and the gaps after each program's longest warpgroup span."""
+    spans = {wg: np.array([s for (_, w), (_, _, s, _) in found.items() if w == wg]) for wg in range(WARPGROUPS)}
+    inits = np.array([init for (_, _, _, init) in found.values()])
+    blocks = collections.defaultdict(dict)
+    for (block, wg), (sm, start, span, _) in found.items():
+        blocks[block][wg] = (sm, start, span)
+    by_sm = collections.defaultdict(list)
+    for wgs in blocks.values():
+        sm = next(iter(wgs.values()))[0]
+        start = min(start for _, start, _ in wgs.values())
+        span_ns = max(start + span * 1e3 / mhz for _, start, span in wgs.values()) - start
+        by_sm[sm].append((start, span_ns))
+    step, gap, first, last = [], [], [], []
+    for runs in by_sm.values():
+        runs.sort()
+        first.append(runs[0][0])
+        last.append(runs[-1][0] + runs[-1][1])
+        for (a, span_a), (b, _) in itertools.pairwise(runs):
+            step.append(b - a)
+            gap.append(b - a - span_a)
+    t0 = min(first)
+    return dict(
+        programs=len(blocks),
+        sms=len(by_sm),
+        span_cycles={wg: float(np.median(s)) for wg, s in spans.items() if len(s)},
+        span_us={wg: float(np.median(s)) / mhz for wg, s in spans.items() if len(s)},
+        init_cycles=float(np.median(inits)),
+        start_to_start_us=float(np.median(step)) / 1e3,
+        gap_us=dict(median=float(np.median(gap)) / 1e3, p10=float(np.percentile(gap, 10)) / 1e3),
+        first_start_spread_us=(max(first) - t0) / 1e3,
+        last_end_spread_us=(max(last) - min(last)) / 1e3,
+        kernel_us=(max(last) - t0) / 1e3,
+        programs_per_sm=float(np.mean([len(r) for r in by_sm.values()])),
+    )
+
+
+def main():
+    out = Path(sys.argv[1])
+    stamp = json.loads(Path("VERSION.json").read_text()) if Path("VERSION.json").exists() else {}
+    print(jaxtile.__file__, stamp.get("commit"), stamp.get("dirty"), jax.__version__, jax.devices()[0].device_kind)
+    variants = {"jaxtile": _jaxtile(), "tokamax": _tokamax(), "cudnn": _cudnn}
+    variants = {label: f for label, f in variants.items() if f is not None}
+    results = {}
+    for kv_len in KV_LENS:
+        keys = jax.random.split(jax.random.key(kv_len), 3)
+        q = jax.random.normal(keys[0], (BATCH, Q_LEN, HEADS, HEAD_DIM), jnp.bfloat16)
+        k, v = (jax.random.normal(key, (BATCH, kv_len, HEADS, HEAD_DIM), jnp.bfloat16) for key in keys[1:])
+        for label, attend in variants.items():
+            jax.clear_caches()
+            ms = check.time_jitted(attend, [q, k, v], 0.5).ms
+            row = dict(ms=ms)
+            if label != "cudnn":
+                trace_dir = out / f"{label}_{kv_len}"
+                trace_dir.mkdir(parents=True, exist_ok=True)
+                jax.clear_caches()
+                plgpu.kernel = _profiled(trace_dir)
+                try:
+                    profiled = jax.jit(attend)
+                    for _ in range(3):
+                        jax.block_until_ready(profiled(q, k, v))
+                    time.sleep(0.5)  # the last call's trace is written by a host callback
+                finally:
+                    plgpu.kernel = _KERNEL
+                mhz = sm_clock_mhz()
+                traces = sorted(trace_dir.glob("*trace.json"))
+                row.update(mhz=mhz, traces=len(traces))
+                if traces:  # none: the kernel did not pass through plgpu.kernel again
+                    row.update(summary(programs(json.loads(traces[-1].read_text())), mhz))
+            results[f"{label}_{kv_len}"] = row
+            print(f"{label:8s} kv {kv_len:5d}", json.dumps(row), flush=True)
+    (out / "timeline.json").write_text(json.dumps(dict(stamp=stamp, results=results), indent=1))
+
+
+if __name__ == "__main__":
+    main()
