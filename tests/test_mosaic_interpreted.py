@@ -9,10 +9,13 @@ same masks at scale."""
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import pytest
 from mosaic_interpreter import UNAVAILABLE, interpreted, races_found
 from test_mosaic import assert_exact
 
+import jaxtile
 from jaxtile.mosaic import _ring, v3
 from jaxtile.mosaic.backward import BackwardTuning
 from parity.case import Case
@@ -107,3 +110,14 @@ def test_the_kernels_have_no_races(monkeypatch):
     with interpreted(monkeypatch, detect_races=True):
         assert_exact(case)
         assert not races_found()
+
+
+def test_the_race_detector_sees_a_missing_wait(monkeypatch):
+    """The detector that finds no race above finds one in the forward once its consumers
+    no longer wait for their queries' copy (`_ring.wait_own` made a no-op): their first
+    `Q Kᵀ` then reads a tile with nothing ordering the read after the copy's writes."""
+    q, k, v = (jax.random.normal(jax.random.key(i), (1, 130, 2, 64), jnp.bfloat16) for i in range(3))
+    monkeypatch.setattr(_ring, "wait_own", lambda ready, wg: None)
+    with interpreted(monkeypatch, detect_races=True):
+        jax.block_until_ready(jaxtile.flash_attention(q, k, v, causal=True, implementation="mosaic_v3"))
+        assert races_found()
