@@ -5,16 +5,19 @@ tokamax's sm90 forward timed on the GPU by Mosaic GPU's on-device profiler.
 tokamax's does per key step but about 11 µs more a call in the part that does not grow
 with the keys: 0.7 µs for each of the ~15.5 waves of programs. This asks whether that is
 inside the programs (longer from first to last instruction) or between them (an SM idle
-from one program's end to the next one's start).
+from one program's end to the next one's start). The same is done for forward+backward
+on three rows of `bench.check` (each kernel of the call: jaxtile's forward, dK/dV and dQ
+in that order), where the kernels' busy share of the SMs shows any tail.
 
 Both kernels go through ``plgpu.kernel``, which this script wraps for the profiled calls:
 the kernel's body becomes one named region and its compiler parameters gain a profile
 buffer. Each program's warpgroups then record the global timer at their start (ns) and the
 SM's clock at the region's entry and exit (cycles), which Mosaic GPU writes out as a
-Chrome trace. From those, per kernel: each warpgroup's span (first to last event, in
-cycles and in µs at the SM clock measured here), the start-to-start time of successive
-programs on one SM, and the gap that leaves after the previous program's span. Calls
-without the profiler are timed beside cuDNN for scale::
+Chrome trace, one folder per kernel. From those, per kernel: each warpgroup's span
+(first to last event, in cycles and in µs at the SM clock measured here), the
+start-to-start time of successive programs on one SM, the gap that leaves after the
+previous program's span, and the SMs' busy share of the kernel's time. Calls without the
+profiler are timed beside cuDNN for scale::
 
     PYTHONPATH=. python timeline.py OUT_DIR
 """
@@ -39,16 +42,20 @@ from jaxtile.mosaic import v3
 
 BATCH, Q_LEN, HEADS, HEAD_DIM, BLOCK_K = 4, 4096, 16, 128, 128
 KV_LENS = (1024, 4096)
-WARPGROUPS = 3  # two consumers and the producer, in both kernels
+FWDBWD = ("d128_16k_causal", "d128_4k_full", "gqa_32_8_causal_8k")
 _KERNEL = plgpu.kernel
 
 
 def _profiled(trace_dir: Path):
-    """``plgpu.kernel`` with the body in one named region and a profile buffer."""
+    """``plgpu.kernel`` with the body in one named region and a profile buffer, each
+    kernel traced writing into its own folder ``<n>_<warpgroups>`` (n: trace order)."""
+    count = itertools.count()
 
     def kernel(body, *args, compiler_params=None, **kwargs):
+        folder = trace_dir / f"{next(count)}_{kwargs.get('num_threads') or 1}"
+        folder.mkdir(parents=True)
         params = dataclasses.replace(
-            compiler_params or plgpu.CompilerParams(), profile_space=64, profile_dir=str(trace_dir)
+            compiler_params or plgpu.CompilerParams(), profile_space=64, profile_dir=str(folder)
         )
         return _KERNEL(jax.named_scope("program")(body), *args, compiler_params=params, **kwargs)
 
@@ -82,7 +89,7 @@ def sm_clock_mhz() -> float:
     return float(out.stdout.split()[0])
 
 
-def programs(trace: dict) -> dict:
+def programs(trace: dict, warpgroups: int) -> dict:
     """``{(block, warpgroup): (sm, start_ns, span_cycles, init_cycles)}`` from one profiled
     call's Chrome trace (Mosaic GPU's ``ProfilerSpec.dump``: each event's ``ts`` is the
     warpgroup's start in ns, the low 32 bits of the global timer, plus the cycles since its
@@ -95,7 +102,7 @@ def programs(trace: dict) -> dict:
     wrapped = starts.max() - starts.min() > 2**31  # the timer's low word wrapped mid-call
     found = {}
     for (pid, tid), stamps in events.items():
-        block, warpgroup = divmod(tid - 1, WARPGROUPS)
+        block, warpgroup = divmod(tid - 1, warpgroups)
         start = stamps[0][2] + (2**32 if wrapped and stamps[0][2] < 2**31 else 0)
         init = [ts for name, _, ts in stamps if name == "Init"]
         found[(block, warpgroup)] = (pid - 1, start, stamps[-1][2] - stamps[0][2], init[-1] - init[0] if init else 0.0)
@@ -104,8 +111,10 @@ def programs(trace: dict) -> dict:
 
 def summary(found: dict, mhz: float) -> dict:
     """Per warpgroup, the median span; per SM, start-to-start times of its successive
-    programs and the gaps after each program's longest warpgroup span."""
-    spans = {wg: np.array([s for (_, w), (_, _, s, _) in found.items() if w == wg]) for wg in range(WARPGROUPS)}
+    programs and the gaps after each program's longest warpgroup span; the SMs' busy share
+    of the kernel's time (first start to last end)."""
+    warpgroups = 1 + max(wg for _, wg in found)
+    spans = {wg: np.array([s for (_, w), (_, _, s, _) in found.items() if w == wg]) for wg in range(warpgroups)}
     inits = np.array([init for (_, _, _, init) in found.values()])
     blocks = collections.defaultdict(dict)
     for (block, wg), (sm, start, span, _) in found.items():
@@ -125,6 +134,7 @@ def summary(found: dict, mhz: float) -> dict:
             step.append(b - a)
             gap.append(b - a - span_a)
     t0 = min(first)
+    busy = sum(span for runs in by_sm.values() for _, span in runs)
     return dict(
         programs=len(blocks),
         sms=len(by_sm),
@@ -136,44 +146,70 @@ def summary(found: dict, mhz: float) -> dict:
         first_start_spread_us=(max(first) - t0) / 1e3,
         last_end_spread_us=(max(last) - min(last)) / 1e3,
         kernel_us=(max(last) - t0) / 1e3,
+        busy_share=busy / (len(by_sm) * (max(last) - t0)),
         programs_per_sm=float(np.mean([len(r) for r in by_sm.values()])),
     )
+
+
+def _profile(attend, args, trace_dir: Path) -> dict:
+    """``{kernel folder: summary}`` of the last of three profiled calls of ``attend``."""
+    jax.clear_caches()
+    plgpu.kernel = _profiled(trace_dir)
+    try:
+        profiled = jax.jit(attend)
+        for _ in range(3):
+            jax.block_until_ready(profiled(*args))
+        time.sleep(0.5)  # the last call's traces are written by host callbacks
+    finally:
+        plgpu.kernel = _KERNEL
+    mhz = sm_clock_mhz()
+    kernels = dict(mhz=mhz)
+    for folder in sorted(trace_dir.iterdir()):
+        traces = sorted(folder.glob("*trace.json"))
+        if traces:  # none: the kernel did not run through plgpu.kernel again
+            warpgroups = int(folder.name.split("_")[1])
+            kernels[folder.name] = summary(programs(json.loads(traces[-1].read_text()), warpgroups), mhz)
+    return kernels
+
+
+def _record(results: dict, key: str, row: dict):
+    results[key] = row
+    print(key, json.dumps(row), flush=True)
 
 
 def main():
     out = Path(sys.argv[1])
     stamp = json.loads(Path("VERSION.json").read_text()) if Path("VERSION.json").exists() else {}
     print(jaxtile.__file__, stamp.get("commit"), stamp.get("dirty"), jax.__version__, jax.devices()[0].device_kind)
+    results = {}
     variants = {"jaxtile": _jaxtile(), "tokamax": _tokamax(), "cudnn": _cudnn}
     variants = {label: f for label, f in variants.items() if f is not None}
-    results = {}
     for kv_len in KV_LENS:
         keys = jax.random.split(jax.random.key(kv_len), 3)
         q = jax.random.normal(keys[0], (BATCH, Q_LEN, HEADS, HEAD_DIM), jnp.bfloat16)
         k, v = (jax.random.normal(key, (BATCH, kv_len, HEADS, HEAD_DIM), jnp.bfloat16) for key in keys[1:])
         for label, attend in variants.items():
             jax.clear_caches()
-            ms = check.time_jitted(attend, [q, k, v], 0.5).ms
-            row = dict(ms=ms)
+            row = dict(ms=check.time_jitted(attend, [q, k, v], 0.5).ms)
             if label != "cudnn":
-                trace_dir = out / f"{label}_{kv_len}"
-                trace_dir.mkdir(parents=True, exist_ok=True)
-                jax.clear_caches()
-                plgpu.kernel = _profiled(trace_dir)
-                try:
-                    profiled = jax.jit(attend)
-                    for _ in range(3):
-                        jax.block_until_ready(profiled(q, k, v))
-                    time.sleep(0.5)  # the last call's trace is written by a host callback
-                finally:
-                    plgpu.kernel = _KERNEL
-                mhz = sm_clock_mhz()
-                traces = sorted(trace_dir.glob("*trace.json"))
-                row.update(mhz=mhz, traces=len(traces))
-                if traces:  # none: the kernel did not pass through plgpu.kernel again
-                    row.update(summary(programs(json.loads(traces[-1].read_text())), mhz))
-            results[f"{label}_{kv_len}"] = row
-            print(f"{label:8s} kv {kv_len:5d}", json.dumps(row), flush=True)
+                row.update(_profile(attend, (q, k, v), out / f"{label}_{kv_len}"))
+            _record(results, f"{label}_{kv_len}", row)
+    for shape in (s for s in check.SHAPES if s.name in FWDBWD):
+        primals, _, dout = check._inputs(shape, "fwdbwd")
+        peers = {"jaxtile": lambda q, k, v, shape=shape: jaxtile.flash_attention(q, k, v, causal=shape.causal)}
+        peers["tokamax"] = check._tokamax(shape)
+        for label, attend in peers.items():
+            if attend is None:
+                continue
+
+            def fwdbwd(dout, *primals, attend=attend):
+                out, vjp = jax.vjp(attend, *primals)
+                return out, *vjp(dout)
+
+            jax.clear_caches()
+            row = dict(ms=check.time_jitted(fwdbwd, [dout, *primals], 0.5).ms)
+            row.update(_profile(fwdbwd, (dout, *primals), out / f"{label}_{shape.name}"))
+            _record(results, f"{label}_{shape.name}_fwdbwd", row)
     (out / "timeline.json").write_text(json.dumps(dict(stamp=stamp, results=results), indent=1))
 
 
