@@ -19,7 +19,9 @@ start-to-start time of successive programs on one SM, the gap that leaves after 
 previous program's span, and the SMs' busy share of the kernel's time. Calls without the
 profiler are timed beside cuDNN for scale::
 
-    PYTHONPATH=. python timeline.py OUT_DIR
+    PYTHONPATH=. python timeline.py OUT_DIR [fwdbwd]
+
+(``fwdbwd``: only the forward+backward rows.)
 """
 
 import collections
@@ -141,8 +143,8 @@ def summary(found: dict, mhz: float) -> dict:
         span_cycles={wg: float(np.median(s)) for wg, s in spans.items() if len(s)},
         span_us={wg: float(np.median(s)) / mhz for wg, s in spans.items() if len(s)},
         init_cycles=float(np.median(inits)),
-        start_to_start_us=float(np.median(step)) / 1e3,
-        gap_us=dict(median=float(np.median(gap)) / 1e3, p10=float(np.percentile(gap, 10)) / 1e3),
+        start_to_start_us=float(np.median(step)) / 1e3 if step else None,  # None: one program per SM
+        gap_us=dict(median=float(np.median(gap)) / 1e3, p10=float(np.percentile(gap, 10)) / 1e3) if gap else None,
         first_start_spread_us=(max(first) - t0) / 1e3,
         last_end_spread_us=(max(last) - min(last)) / 1e3,
         kernel_us=(max(last) - t0) / 1e3,
@@ -184,7 +186,7 @@ def main():
     results = {}
     variants = {"jaxtile": _jaxtile(), "tokamax": _tokamax(), "cudnn": _cudnn}
     variants = {label: f for label, f in variants.items() if f is not None}
-    for kv_len in KV_LENS:
+    for kv_len in KV_LENS if sys.argv[2:] != ["fwdbwd"] else ():
         keys = jax.random.split(jax.random.key(kv_len), 3)
         q = jax.random.normal(keys[0], (BATCH, Q_LEN, HEADS, HEAD_DIM), jnp.bfloat16)
         k, v = (jax.random.normal(key, (BATCH, kv_len, HEADS, HEAD_DIM), jnp.bfloat16) for key in keys[1:])
