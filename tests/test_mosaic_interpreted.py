@@ -14,8 +14,10 @@ import jax.numpy as jnp
 import pytest
 from mosaic_interpreter import UNAVAILABLE, interpreted, races_found
 from test_mosaic import assert_exact
+from test_numerics import test_float16_gradients_do_not_overflow as float16_gradients_do_not_overflow
 
 import jaxtile
+from jaxtile import registry
 from jaxtile.mosaic import _ring, v3
 from jaxtile.mosaic.backward import BackwardTuning
 from parity.case import Case
@@ -100,6 +102,14 @@ def test_a_swept_backward_tiling_is_exact(monkeypatch):
     case = Case("swept_tiling", q_len=300, kv_len=330, num_heads=2, head_dim=64, dtype="bfloat16", causal=True)
     with interpreted(monkeypatch):
         assert_exact(case, v3.Tuning(backward=backward))
+
+
+def test_float16_gradients_do_not_overflow(monkeypatch):
+    """`test_numerics`' case whose ``dS`` exceeds float16's range, on the Mosaic kernels:
+    each row of it is scaled down before its products and their results back up
+    (`backward._rounded`), and the gradients stay finite."""
+    with interpreted(monkeypatch):
+        float16_gradients_do_not_overflow(registry.get("mosaic_v3"))
 
 
 def test_the_kernels_have_no_races(monkeypatch):

@@ -19,9 +19,9 @@ start-to-start time of successive programs on one SM, the gap that leaves after 
 previous program's span, and the SMs' busy share of the kernel's time. Calls without the
 profiler are timed beside cuDNN for scale::
 
-    PYTHONPATH=. python timeline.py OUT_DIR [fwdbwd]
+    PYTHONPATH=. python timeline.py OUT_DIR [fwd|fwdbwd]
 
-(``fwdbwd``: only the forward+backward rows.)
+(``fwd``: only the forward rows; ``fwdbwd``: only the forward+backward rows.)
 """
 
 import collections
@@ -196,7 +196,7 @@ def main():
             if label != "cudnn":
                 row.update(_profile(attend, (q, k, v), out / f"{label}_{kv_len}"))
             _record(results, f"{label}_{kv_len}", row)
-    for shape in (s for s in check.SHAPES if s.name in FWDBWD):
+    for shape in (s for s in check.SHAPES if s.name in FWDBWD and sys.argv[2:] != ["fwd"]):
         primals, _, dout = check._inputs(shape, "fwdbwd")
         peers = {"jaxtile": lambda q, k, v, shape=shape: jaxtile.flash_attention(q, k, v, causal=shape.causal)}
         peers["tokamax"] = check._tokamax(shape)
