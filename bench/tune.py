@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import jaxtile
 from bench.check import Shape
 from bench.probe import git_state
+from jaxtile import registry
 from jaxtile.mask import MaskSpec
 from jaxtile.mosaic import v3 as mosaic_v3
 from jaxtile.mosaic.backward import BackwardTuning
@@ -78,7 +79,7 @@ MOSAIC_BACKWARD = {
 def _candidates(impl: str, dim: int, spec: MaskSpec, modes) -> list[tuple[bool, object, list]]:
     """``(backward, tuning, what to report of it)`` for each candidate of ``impl``."""
     candidates = []
-    if impl == "mosaic_v3":
+    if registry.get(impl).tuning is mosaic_v3.Tuning:
         base = mosaic_v3.default_tuning(dim, dim, 2)
         if "fwd" in modes:
             candidates += [(False, mosaic_v3.Tuning(*f), list(f)) for f in MOSAIC_FORWARD[dim]]

@@ -1,6 +1,6 @@
-"""jaxtile: exact, memory-efficient attention (FlashAttention V1 and V2) for JAX."""
+"""jaxtile: exact, memory-efficient attention (FlashAttention 1, 2 and 3) for JAX."""
 
-from jaxtile import mosaic, reference, registry, scan, triton  # importing an implementation registers it
+from jaxtile import analysis, mosaic, reference, registry, scan, triton  # importing an implementation registers it
 from jaxtile.api import flash_attention
 from jaxtile.distributed.ring import ring_attention
 from jaxtile.jax_nn import dot_product_attention
@@ -11,6 +11,7 @@ registry._import_listed()
 
 __all__ = [
     "MaskSpec",
+    "analysis",
     "dot_product_attention",
     "flash_attention",
     "mosaic",

@@ -124,6 +124,15 @@ def group_heads(mask, num_kv_heads: int):
     return mask.reshape(b, num_kv_heads, h // num_kv_heads, q, k)
 
 
+def pad_to(x, axis: int, size: int, value=0):
+    """``x`` padded with ``value`` along ``axis`` to ``size``."""
+    if x.shape[axis] == size:
+        return x
+    pad = [(0, 0)] * x.ndim
+    pad[axis] = (0, size - x.shape[axis])
+    return jnp.pad(x, pad, constant_values=value)
+
+
 def sum_to_shape(x, shape: tuple[int, ...]):
     """``x`` summed over the dimensions that ``shape`` broadcasts (size 1 there): the
     gradient of an array broadcast from ``shape`` to ``x.shape``."""
@@ -157,7 +166,7 @@ Forward = Callable[[Inputs, Config], tuple[jax.Array, jax.Array, Any]]
 # backward(inputs, out, stats, dout, dlse, config) -> (dq, dk, dv, dbias); dbias is
 # ``[batch, num_heads, q_len, kv_len]`` float32 or the bias's dtype (None without a
 # bias), whatever the bias broadcasts: `differentiable` sums it to the bias's shape.
-Backward = Callable[..., tuple[jax.Array, jax.Array, jax.Array]]
+Backward = Callable[..., tuple[jax.Array, jax.Array, jax.Array, jax.Array | None]]
 # paged_forward(inputs, config, (k_pages, v_pages, page_table)) -> (out, lse): the forward
 # pass reading K and V from pages; inputs.k and inputs.v only give the cache's shape.
 PagedForward = Callable[[Inputs, Config, tuple[jax.Array, jax.Array, jax.Array]], tuple[jax.Array, jax.Array]]

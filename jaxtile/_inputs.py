@@ -171,6 +171,21 @@ def _check_bias(bias, batch: tuple[int, ...], num_heads: int, q_len: int, kv_len
     return _scores_shaped("bias", bias, batch, num_heads, q_len, kv_len)
 
 
+def check_lengths_array(name: str, lengths, batch: tuple[int, ...], limit: int, why: str = "") -> None:
+    """Dtype and shape (``batch``); the values too (in ``[0, limit]``, ``why`` it is the
+    limit) where they are concrete."""
+    _array(name, lengths)
+    if not jnp.issubdtype(lengths.dtype, jnp.integer):
+        raise TypeError(f"{name} must have an integer dtype; got {lengths.dtype}")
+    if tuple(lengths.shape) != batch:
+        raise ValueError(f"{name} must have shape {batch} (the batch dimensions); got {tuple(lengths.shape)}")
+    if not _is_traced(lengths):
+        values = np.asarray(lengths)
+        bad = (values < 0) | (values > limit)
+        if bad.any():
+            raise ValueError(f"{name} must lie in [0, {limit}]{why and f' ({why})'}; got {values[bad].tolist()[:8]}")
+
+
 def _check_lengths(q_lengths, kv_lengths, batch: tuple[int, ...], q_len: int, kv_len: int):
     """``[batch_size, 2]`` int32 ``(q_length, kv_length)`` per sequence, or None. Concrete
     lengths outside ``[0, len]`` are an error; traced ones are clipped into it."""
@@ -181,16 +196,7 @@ def _check_lengths(q_lengths, kv_lengths, batch: tuple[int, ...], q_len: int, kv
         if lengths is None:
             columns.append(jnp.full(batch, n, jnp.int32))
             continue
-        _array(name, lengths)
-        if not jnp.issubdtype(lengths.dtype, jnp.integer):
-            raise TypeError(f"{name} must have an integer dtype; got {lengths.dtype}")
-        if tuple(lengths.shape) != batch:
-            raise ValueError(f"{name} must have shape {batch} (the batch dimensions); got {tuple(lengths.shape)}")
-        if not _is_traced(lengths):
-            values = np.asarray(lengths)
-            bad = (values < 0) | (values > n)
-            if bad.any():
-                raise ValueError(f"{name} must lie in [0, {n}]; got {values[bad].tolist()[:8]}")
+        check_lengths_array(name, lengths, batch, n)
         columns.append(jnp.clip(jnp.asarray(lengths).astype(jnp.int32), 0, n))
     return jnp.stack(columns, axis=-1).reshape(math.prod(batch), 2)
 

@@ -27,12 +27,17 @@ def _platform(x) -> str:
     return jax.default_backend()
 
 
-# A requirement on the implementation: (predicate, what to say when it fails).
-Requirement = tuple[Callable[[registry.Implementation], bool], str]
-
-
 def prepare(
-    query, key, value, *, implementation, return_lse, block_q, block_k, require: Requirement | None = None, **options
+    query,
+    key,
+    value,
+    *,
+    implementation,
+    return_lse,
+    block_q,
+    block_k,
+    require: registry.Requirement | None = None,
+    **options,
 ):
     """Validates a call (before any compute) and chooses its implementation; returns the
     record, the canonical `Inputs` and `Config`, and the batch shape to restore.
@@ -50,7 +55,7 @@ def prepare(
         query, key, value, block_q=block_q, block_k=block_k, tuning_types=tuning_types, platform=platform, **options
     )
     if chosen is None:
-        chosen = _choose(inputs, config, require)
+        chosen = registry.choose(inputs, config, require)
     elif require is not None and not require[0](chosen):
         able = [i.name for i in registry.implementations() if require[0](i)]
         raise registry.Unsupported(f"{require[1]}; {chosen.name!r} has none. Use one of {able}")
@@ -59,17 +64,6 @@ def prepare(
         for block_name, block in (("block_q", block_q), ("block_k", block_k)):
             _inputs.check_block(block_name, block, power_of_two=True)
     return chosen, inputs, config, batch
-
-
-def _choose(inputs: Inputs, config: Config, require: Requirement | None) -> registry.Implementation:
-    """The fastest implementation for the call (meeting ``require``)."""
-    if require is None:
-        return registry.choose(inputs, config)
-    able = [i for i in registry.implementations() if require[0](i) and i.supports(inputs, config) is None]
-    native = [i for i in able if config.platform in i.platforms]
-    if not (native or able):
-        raise registry.Unsupported(f"{require[1]}, and none supports this call")
-    return (native or able)[0]
 
 
 @functools.cache
@@ -197,7 +191,7 @@ def attend(query, key, value, *, sinks, return_lse: bool, **options):
             masks), else the named implementation's."""
             if options["implementation"] is not None:
                 return attention
-            return compiled(_choose(call, call_config, options.get("require")), forward_mode)
+            return compiled(registry.choose(call, call_config, options.get("require")), forward_mode)
 
         out, lse = _recognising(attention, structured, inputs, config, sinks)
     else:

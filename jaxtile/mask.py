@@ -117,18 +117,18 @@ class TileBounds(NamedTuple):
         return tuple(spans)
 
 
-# Tile classes of `MaskSpec.tile_classes`.
-SKIP, MASKED, FULL = 0, 1, 2
+# Tile classes of `MaskSpec._tile_classes`.
+_SKIP, _MASKED, _FULL = 0, 1, 2
 
 
-def bounds_from_classes(classes) -> jnp.ndarray:
+def _bounds_from_classes(classes) -> jnp.ndarray:
     """Per outer tile, the `TileBounds` of its inner loop, from tile classes ``[...,
     n_outer, n_inner]``: ``[..., n_outer, 4]`` int32 ``(lo, full_lo, full_hi, hi)``. The
-    interior is the first run of `FULL` tiles; later `FULL` tiles are visited masked."""
+    interior is the first run of `_FULL` tiles; later `_FULL` tiles are visited masked."""
     n = classes.shape[-1]
     index = jnp.arange(n, dtype=jnp.int32)
-    seen = classes != SKIP
-    full = classes == FULL
+    seen = classes != _SKIP
+    full = classes == _FULL
 
     def first(x, default):
         return jnp.where(jnp.any(x, axis=-1), jnp.argmax(x, axis=-1).astype(jnp.int32), default)
@@ -301,12 +301,12 @@ class MaskSpec:
             ok = _same_rank(ok, term, jnp.logical_and)
         return ok
 
-    def tile_classes(
+    def _tile_classes(
         self, block_q: int, block_k: int, *, q_segment_ids=None, kv_segment_ids=None, dense=None, lengths=None
     ):
         """Classes of every (query tile, key tile) pair from the runtime parts of the mask
-        alone: `SKIP` where no pair can be visible, `FULL` where every pair of the tile is
-        (before positions and windows, or, with lengths, after them), `MASKED` otherwise.
+        alone: `_SKIP` where no pair can be visible, `_FULL` where every pair of the tile is
+        (before positions and windows, or, with lengths, after them), `_MASKED` otherwise.
 
         Args:
           q_segment_ids, kv_segment_ids: ``[batch, q_len]``, ``[batch, kv_len]`` int32,
@@ -319,7 +319,7 @@ class MaskSpec:
           ``[1|batch, 1|heads, n_q_tiles, n_kv_tiles]`` int32.
         """
         n_q, n_kv = cdiv(self.q_len, block_q), cdiv(self.kv_len, block_k)
-        classes = jnp.full((1, 1, n_q, n_kv), FULL, jnp.int32)
+        classes = jnp.full((1, 1, n_q, n_kv), _FULL, jnp.int32)
         if self.has_lengths:
             classes = self._length_classes(block_q, block_k, lengths)
         if self.has_segments:
@@ -328,22 +328,22 @@ class MaskSpec:
             q_lo, q_hi, k_lo, k_hi = q_lo[:, :, None], q_hi[:, :, None], k_lo[:, None, :], k_hi[:, None, :]
             apart = (q_hi < k_lo) | (k_hi < q_lo)
             same = (q_lo == q_hi) & (k_lo == k_hi) & (q_lo == k_lo)
-            classes = jnp.minimum(classes, jnp.where(apart, SKIP, jnp.where(same, FULL, MASKED))[:, None])
+            classes = jnp.minimum(classes, jnp.where(apart, _SKIP, jnp.where(same, _FULL, _MASKED))[:, None])
         if self.has_dense_mask:
             seen = _dense_tiles(_dense_tiles(dense, block_q, 2, False, jnp.any), block_k, 3, False, jnp.any)
             whole = _dense_tiles(_dense_tiles(dense, block_q, 2, True, jnp.all), block_k, 3, True, jnp.all)
-            classes = jnp.minimum(classes, jnp.where(seen, jnp.where(whole, FULL, MASKED), SKIP))
+            classes = jnp.minimum(classes, jnp.where(seen, jnp.where(whole, _FULL, _MASKED), _SKIP))
         return jnp.broadcast_to(classes, (*classes.shape[:2], n_q, n_kv))
 
     def _length_classes(self, block_q: int, block_k: int, lengths):
-        """`tile_classes` of the lengths with the positions and windows they align,
+        """`_tile_classes` of the lengths with the positions and windows they align,
         ``[batch, 1, n_q_tiles, n_kv_tiles]``, from `length_bounds`: the tiles a query
         tile sees, and the tiles it sees whole, are each one run of key tiles."""
         bounds = self._length_bounds(block_q, block_k, lengths, False)
         lo, full_lo, full_hi, hi = (bounds[..., i, None] for i in range(4))
         inner = jnp.arange(cdiv(self.kv_len, block_k), dtype=jnp.int32).reshape(1, 1, 1, -1)
         full = (full_lo <= inner) & (inner < full_hi)
-        return jnp.where((lo <= inner) & (inner < hi), jnp.where(full, FULL, MASKED), SKIP)
+        return jnp.where((lo <= inner) & (inner < hi), jnp.where(full, _FULL, _MASKED), _SKIP)
 
     def _length_bounds(self, block_q: int, block_k: int, lengths, transposed: bool):
         """`length_bounds` of every tile of every sequence, from ``lengths [batch, 2]``:
@@ -362,7 +362,7 @@ class MaskSpec:
         keys too: interior tiles are loaded unmasked) and every row up to ``q_len`` (rows
         past it are never stored, and contribute nothing to dK, dV) is within the lengths
         and the window. In closed form, so that a kernel forms them where it needs them;
-        `tile_bounds` and `tile_classes` derive theirs from it."""
+        `tile_bounds` and `_tile_classes` derive theirs from it."""
         zero = np.int32(0)  # not 0: from Python ints Pallas built an ill-typed arith.maxsi (i32, i1) in Triton
         offset = 0 if self.top_left else kv_length - q_length
         left, right = self.left, self.right
@@ -416,7 +416,7 @@ class MaskSpec:
         return TileBounds(lo, full_lo, full_hi, hi)
 
     def tile_bounds(self, block_q: int, block_k: int, *, transposed: bool = False, **runtime):
-        """Per-tile bounds of the runtime mask (`tile_classes`'s arguments), for the span
+        """Per-tile bounds of the runtime mask (`_tile_classes`'s arguments), for the span
         functions: ``[1|batch, 1|heads, n_q_tiles, 4]`` for `kv_spans`, or with
         ``transposed`` ``[..., n_kv_tiles, 4]`` for `q_spans`; None if the mask has no
         runtime part (or `every_tile` visits them all)."""
@@ -424,8 +424,8 @@ class MaskSpec:
             return None
         if self.bounds_from_lengths:
             return self._length_bounds(block_q, block_k, runtime["lengths"], transposed)
-        classes = self.tile_classes(block_q, block_k, **runtime)
-        return bounds_from_classes(jnp.swapaxes(classes, -1, -2) if transposed else classes)
+        classes = self._tile_classes(block_q, block_k, **runtime)
+        return _bounds_from_classes(jnp.swapaxes(classes, -1, -2) if transposed else classes)
 
     def recognisable(self) -> bool:
         """Whether `recognise` can read this spec's dense mask as a structured one: a dense

@@ -64,20 +64,6 @@ def _check_page_table(page_table, batch: int, num_pages: int) -> None:
             )
 
 
-def _check_lengths(name: str, lengths, batch: int, limit: int, why: str) -> None:
-    """Dtype and shape; the values too (in ``[0, limit]``) where they are concrete."""
-    _inputs._array(name, lengths)
-    if not jnp.issubdtype(lengths.dtype, jnp.integer):
-        raise TypeError(f"{name} must have an integer dtype; got {lengths.dtype}")
-    if tuple(lengths.shape) != (batch,):
-        raise ValueError(f"{name} must have shape ({batch},) ([batch]); got {tuple(lengths.shape)}")
-    if not _inputs._is_traced(lengths):
-        values = np.asarray(lengths)
-        bad = (values < 0) | (values > limit)
-        if bad.any():
-            raise ValueError(f"{name} must lie in [0, {limit}] ({why}); got {values[bad].tolist()[:8]}")
-
-
 def paged_attention(
     query: jax.Array,
     k_pages: jax.Array,
@@ -148,9 +134,10 @@ def paged_attention(
     _check_page_table(page_table, batch, num_pages)
     pages_per_sequence = page_table.shape[1]
     capacity = pages_per_sequence * page_size
-    _check_lengths("kv_lengths", kv_lengths, batch, capacity, f"{pages_per_sequence=} * {page_size=}")
+    why = f"{pages_per_sequence=} * {page_size=}"
+    _inputs.check_lengths_array("kv_lengths", kv_lengths, (batch,), capacity, why)
     if q_lengths is not None:
-        _check_lengths("q_lengths", q_lengths, batch, q_len, f"{q_len=}")
+        _inputs.check_lengths_array("q_lengths", q_lengths, (batch,), q_len, f"{q_len=}")
     k_cache, v_cache = (jax.ShapeDtypeStruct((batch, capacity, *x.shape[::3]), x.dtype) for x in (k_pages, v_pages))
     chosen, inputs, config, _ = api.prepare(
         query,

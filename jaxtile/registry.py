@@ -64,7 +64,6 @@ class Implementation:
       dtypes, features, max_head_dim, max_q_len: the calls it supports (`supports`).
       tiled: O(N) memory, visiting only the tiles the mask allows.
       power_of_two_blocks: ``block_q``/``block_k`` must be powers of two >= 16.
-      default_block: its tile when ``block_q``/``block_k`` are None (None: its own rule).
       lse_backward: ``stats`` is the lse, so ``backward`` can be driven by the lse of a
         larger attention the call is part of (ring attention).
       jax_differentiable: its passes are JAX code that JAX differentiates itself once
@@ -80,7 +79,6 @@ class Implementation:
         run the heaviest rows first).
       tuning: the type of its ``tuning=`` argument, or None if it takes none.
       speed: preference for ``implementation=None`` (higher first).
-      deterministic: bitwise-reproducible forward and backward.
     """
 
     name: str
@@ -100,13 +98,11 @@ class Implementation:
     max_q_len: int | None = None
     tiled: bool = True
     power_of_two_blocks: bool = False
-    default_block: int | None = None
     lse_backward: bool = False
     jax_differentiable: bool = False
     recognises_masks: bool = False
     tuning: type | None = None
     speed: int = 0
-    deterministic: bool = True
 
     def runs_on(self, platform: str) -> bool:
         """Whether it runs on ``platform`` at all (natively or interpreted)."""
@@ -162,6 +158,8 @@ def features_of(inputs: Inputs, config: Config) -> frozenset[str]:
 
 
 Unsupported = _core.Unsupported
+# A requirement on the implementation: (predicate, what to say when none meets it).
+Requirement = tuple[Callable[[Implementation], bool], str]
 
 
 _REGISTRY: dict[str, Implementation] = {}
@@ -200,12 +198,14 @@ def supporting(inputs: Inputs, config: Config) -> tuple[str, ...]:
     return tuple(i.name for i in implementations() if i.supports(inputs, config) is None)
 
 
-def choose(inputs: Inputs, config: Config) -> Implementation:
-    """The fastest implementation that supports the call and runs natively on its
-    platform (interpreting only if none does)."""
-    able = [i for i in implementations() if i.supports(inputs, config) is None]
+def choose(inputs: Inputs, config: Config, require: Requirement | None = None) -> Implementation:
+    """The fastest implementation that supports the call (and meets ``require``) and runs
+    natively on its platform (interpreting only if none does)."""
+    able = [i for i in implementations() if (require is None or require[0](i)) and i.supports(inputs, config) is None]
     native = [i for i in able if config.platform in i.platforms]
     if not (native or able):
+        if require is not None:
+            raise Unsupported(f"{require[1]}, and none supports this call")
         raise Unsupported(f"no registered implementation supports this call ({names()})")
     return (native or able)[0]
 

@@ -14,6 +14,7 @@ import pytest
 from jaxtile._core import Shape
 from jaxtile.triton import _kernel as pk
 from jaxtile.triton import decode
+from jaxtile.triton import tuning as tn
 from jaxtile.triton import v1 as pallas_v1
 from jaxtile.triton import v2 as pallas_v2
 from jaxtile.triton.tuning import MASK_KINDS, KernelTuning, default_tuning
@@ -199,3 +200,25 @@ def test_a_dense_mask_streams_its_tiles_with_the_keys():
     assert masked.bytes(128, 128, dims, 2, 3) == pallas_v2._FORWARD.bytes(128, 128, dims, 2, 3) + 3 * 128 * 128
     assert pk.Tiles.fit(tuning, dims, jnp.bfloat16, pallas_v2._FORWARD, limit) == pk.Tiles(128, 128, 3)
     assert pk.Tiles.fit(tuning, dims, jnp.bfloat16, masked, limit) == pk.Tiles(128, 128, 2)
+
+
+def test_autotuning_skips_candidates_that_fail_and_raises_when_all_do():
+    """A candidate whose measurement raises loses; the fastest of the rest is taken, the
+    forward and the backward each on its own; when none runs, the error is the caller's."""
+    options = tuple(tn.Tuning(t, t, t) for t in _tunings(64, jnp.bfloat16)[:3])
+    times = {options[1]: (2.0, 1.0), options[2]: (1.0, 3.0)}
+
+    def measure(tuning):
+        if tuning not in times:
+            raise ValueError("does not fit")
+        return times[tuning]
+
+    chosen = tn.autotuned(("test", "some fail"), options, measure)
+    assert chosen == tn.Tuning(options[2].forward, options[1].dkdv, options[1].dq) != options[1]
+
+    def failing(tuning):
+        raise ValueError(f"no room for {tuning.forward}")
+
+    with pytest.raises(RuntimeError, match="none of 3 candidates ran") as raised:
+        tn.autotuned(("test", "all fail"), options, failing)
+    assert isinstance(raised.value.__cause__, ValueError)

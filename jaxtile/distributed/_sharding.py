@@ -90,15 +90,18 @@ class _Layout:
             *(self.batch if c == "b" else self.heads if c == "h" else kv_heads if c == "k" else None for c in role)
         )
 
+    def kv_head(self, num_kv_heads: int):
+        """Where kv heads are shared: the index of the kv head this device's query heads use."""
+        return lax.axis_index(self.heads) // (self.head_shards // num_kv_heads)
+
     def per_device(self, fun, arg_roles, result_roles, num_kv_heads: int):
         """``fun`` as each device runs it: with shared kv heads, it slices out its own
         kv head and sums the kv gradients over the head shards."""
         if not self.shared_kv:
             return fun
-        per_kv_head = self.head_shards // num_kv_heads
 
         def run(*args):
-            head = lax.axis_index(self.heads) // per_kv_head
+            head = self.kv_head(num_kv_heads)
             args = jax.tree.map(
                 lambda r, x: lax.dynamic_slice_in_dim(x, head, 1, 2) if r == _SEQ_K else x, arg_roles, args
             )
@@ -248,7 +251,7 @@ def _explicit_shards(attention: Attention, mesh, inputs: Inputs, config: Config)
 
     def local(inputs: Inputs):
         if layout.shared_kv:
-            head = lax.axis_index(layout.heads) // (layout.head_shards // num_kv_heads)
+            head = layout.kv_head(num_kv_heads)
             k, v = (lax.dynamic_slice_in_dim(x, head, 1, 2) for x in (inputs.k, inputs.v))
             inputs = inputs._replace(k=k, v=v)
         return attention(inputs, config)

@@ -33,8 +33,6 @@ from jaxtile import _softmax as sm
 from jaxtile._core import Config, Inputs
 
 
-# Implementations whose backward pass takes the lse as its saved statistic, so that it can
-# be handed the global lse of the whole ring (FlashAttention-2's backward).
 @dataclasses.dataclass(frozen=True)
 class _Ring:
     """Static description of one ring: the implementation, the block configurations
@@ -173,8 +171,8 @@ def ring_attention(
       logits_soft_cap, sinks, scale, block_q, block_k, tuning: as in
         `jaxtile.flash_attention` (the sinks join each row once, after the ring).
       implementation: an implementation whose backward pass the global lse can drive
-        (`Implementation.lse_backward`: ``"scan_v2"``, ``"pallas_v2"``), or None for the
-        fastest of those on the platform.
+        (whose record sets `Implementation.lse_backward`), or None for the fastest of
+        those on the platform.
       return_lse: also return the lse over the whole sequence.
 
     Returns:

@@ -23,7 +23,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu  # the Pallas API of jax 0.10.2 to 0.12
 
-from jaxtile._core import Shape
+from jaxtile._core import Shape, pad_to
 from jaxtile.mask import MaskSpec, cdiv, uniform_bounds
 
 # wgmma's rows per warpgroup, and the 128-byte swizzle's width in 2-byte elements: the
@@ -44,15 +44,6 @@ CONSUMER_REGISTERS, PRODUCER_REGISTERS = 240, 24
 
 def padded(n: int, multiple: int) -> int:
     return cdiv(n, multiple) * multiple
-
-
-def pad_to(x, axis: int, size: int, value=0):
-    """``x`` padded with ``value`` along ``axis`` to ``size``."""
-    if x.shape[axis] == size:
-        return x
-    pad = [(0, 0)] * x.ndim
-    pad[axis] = (0, size - x.shape[axis])
-    return jnp.pad(x, pad, constant_values=value)
 
 
 def padded_copies(shape: Shape, q_len: int, kv_len: int, head_dim: int, head_dim_v: int) -> int:

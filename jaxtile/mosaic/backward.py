@@ -33,10 +33,10 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu  # the Pallas API of jax 0.10.2 to 0.12
 
 from jaxtile import _softmax as sm
-from jaxtile._core import Config, Inputs, Shape, bias_grad_dtype
+from jaxtile._core import Config, Inputs, Shape, bias_grad_dtype, pad_to
 from jaxtile.mask import MaskSpec
 from jaxtile.mosaic import _ring
-from jaxtile.mosaic._ring import CONSUMERS, SHARED_MEMORY, WGMMA_ROWS, along, pad_to, padded, smem
+from jaxtile.mosaic._ring import CONSUMERS, SHARED_MEMORY, WGMMA_ROWS, along, padded, smem
 
 # A consumer's float32 accumulators (dK_j and dV_j; dQ_i) and its two score tiles (S and
 # dP, or their transposes), in registers per thread of 128: tiles past this spilled and
@@ -190,8 +190,8 @@ def _products(*products, meanwhile: Callable | None = None):
 def _rounded(ds, dtype):
     """``dS`` rounded to ``dtype`` for ``wgmma`` (lines 15-16), and the factor per row its
     product must be divided by (None: 1). In float16, each row whose magnitude exceeds
-    ``2**15`` is divided down to it first (``|dS|`` can exceed float16's 65504 where dQ
-    and dK do not), as the Triton kernels do."""
+    ``2**15`` is scaled to exactly that peak first (``|dS|`` can exceed float16's 65504
+    where dQ and dK do not); the Triton kernels scale such rows by a power of two."""
     if dtype != jnp.float16:
         return ds.astype(dtype), None
     peak = jnp.max(jnp.abs(ds), axis=1)

@@ -46,10 +46,10 @@ from jax.experimental.pallas import mosaic_gpu as plgpu  # the Pallas API of jax
 
 from jaxtile import _softmax as sm
 from jaxtile import registry
-from jaxtile._core import Config, Inputs, Shape, bias_grad_dtype
+from jaxtile._core import Config, Inputs, Shape, bias_grad_dtype, pad_to
 from jaxtile.mask import MaskSpec
 from jaxtile.mosaic import _ring
-from jaxtile.mosaic._ring import BLOCK_SHARED_MEMORY, CONSUMERS, WGMMA_ROWS, along, pad_to, padded, smem
+from jaxtile.mosaic._ring import BLOCK_SHARED_MEMORY, CONSUMERS, WGMMA_ROWS, along, padded, smem
 from jaxtile.mosaic.backward import BackwardTuning, backward_pass, backward_temporaries, default_backward_tuning
 from jaxtile.triton import v2 as triton_v2
 

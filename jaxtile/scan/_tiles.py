@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxtile._core import Config, Inputs, Shape, group_heads
+from jaxtile._core import Config, Inputs, Shape, group_heads, pad_to
 from jaxtile.mask import MaskSpec, cdiv, uniform_bounds
 
 
@@ -76,23 +76,17 @@ class Tiled(NamedTuple):
     bias: jax.Array | None
 
 
-def _pad_axis(x, axis: int, size: int, value=0):
-    pad = [(0, 0)] * x.ndim
-    pad[axis] = (0, size - x.shape[axis])
-    return jnp.pad(x, pad, constant_values=value)
-
-
 def q_heads_first(x, num_kv_heads: int, padded: int, value=0):
     """``[batch, len, heads, ...]`` -> ``[batch, kv_heads, group, padded, ...]``."""
     b, n, h, *rest = x.shape
     x = x.reshape(b, n, num_kv_heads, h // num_kv_heads, *rest)
-    return _pad_axis(jnp.moveaxis(x, 1, 3), 3, padded, value)
+    return pad_to(jnp.moveaxis(x, 1, 3), 3, padded, value)
 
 
 def q_seq_last(x, num_kv_heads: int, padded: int, value=0):
     """``[batch, heads, len]`` -> ``[batch, kv_heads, group, padded]``."""
     b, h, n = x.shape
-    return _pad_axis(x.reshape(b, num_kv_heads, h // num_kv_heads, n), 3, padded, value)
+    return pad_to(x.reshape(b, num_kv_heads, h // num_kv_heads, n), 3, padded, value)
 
 
 def q_heads_last(x, q_len: int):
@@ -104,7 +98,7 @@ def q_heads_last(x, q_len: int):
 
 def kv_heads_first(x, padded: int):
     """``[batch, len, kv_heads, dim]`` -> ``[batch, kv_heads, padded, dim]``."""
-    return _pad_axis(jnp.moveaxis(x, 1, 2), 2, padded)
+    return pad_to(jnp.moveaxis(x, 1, 2), 2, padded)
 
 
 def kv_heads_last(x, kv_len: int, dtype):
@@ -122,9 +116,9 @@ def _scores_layout(x, num_kv_heads: int, tiling: Tiling, fill):
     x = group_heads(x, num_kv_heads)
     n_q, n_kv = x.shape[3:]
     if n_q > 1:
-        x = _pad_axis(x, 3, tiling.q_padded, fill)
+        x = pad_to(x, 3, tiling.q_padded, fill)
     if n_kv > 1:
-        x = _pad_axis(x, 4, tiling.kv_padded, fill)
+        x = pad_to(x, 4, tiling.kv_padded, fill)
     return x
 
 
@@ -133,7 +127,7 @@ def tile(inputs: Inputs, tiling: Tiling) -> Tiled:
     num_kv_heads = inputs.k.shape[2]
 
     def seg(ids, padded):
-        return None if ids is None else _pad_axis(ids, 1, padded)
+        return None if ids is None else pad_to(ids, 1, padded)
 
     return Tiled(
         q_heads_first(inputs.q, num_kv_heads, tiling.q_padded),

@@ -35,6 +35,7 @@ from jaxtile import _softmax as sm
 from jaxtile import registry
 from jaxtile._core import Config, Inputs, Shape
 from jaxtile.scan import _tiles as lt
+from jaxtile.scan._backward import backward
 
 DEFAULT_BLOCK = 128
 
@@ -93,75 +94,29 @@ def _forward(inputs: Inputs, config: Config):
 
 
 def _backward(inputs: Inputs, out, stats, dout, dlse, config: Config):
-    """Algorithm 4: key/value tiles outer, query tiles inner, dQ read and written back.
-
-    ``stats`` is the forward's ``(m, l)``. Returns ``(dq, dk, dv)`` in the dtypes of
-    ``q, k, v`` and the bias's float32 gradient (`_core.Backward`); dK and dV are
-    summed over the query heads of each group.
-    """
-    spec, logits = config.mask, config.logits
+    """Algorithm 4: key/value tiles outer, query tiles inner, dQ read and written back
+    (`_backward.backward`). ``stats`` is the forward's ``(m, l)``."""
     tiling = lt.Tiling.create(config, DEFAULT_BLOCK)
-    bq, bk = tiling.block_q, tiling.block_k
+    bq = tiling.block_q
     # Lines 3-4: Q, O, dO, l, m are divided into row tiles; K, V into column tiles.
     x = lt.tile(inputs, tiling)
     kv_heads = x.k.shape[1]
-    bounds = lt.tile_bounds(inputs, spec, tiling, transposed=True)
     m, inv_l = sm.stats_base2(*stats)
     m = lt.q_seq_last(m, kv_heads, tiling.q_padded, jnp.inf)
     inv_l = lt.q_seq_last(inv_l, kv_heads, tiling.q_padded)
     dlse = lt.q_seq_last(dlse, kv_heads, tiling.q_padded)
     o = lt.q_heads_first(out, kv_heads, tiling.q_padded)
-    do = lt.q_heads_first(dout, kv_heads, tiling.q_padded)
 
-    def q_step(masked, u, k_j, v_j, t, carry):
-        dq, dbias, dk_j, dv_j = carry
-        # Line 10: load Q_i, O_i, dO_i, dQ_i, l_i, m_i.
-        q_i, o_i, do_i = (lt.rows(a, t, bq, 3) for a in (x.q, o, do))
-        m_i, inv_l_i = lt.rows(m, t, bq, 3), lt.rows(inv_l, t, bq, 3)
-        # Lines 11-12: S_ij = τ Q_i K_jᵀ and its mask.
-        qk = lt.scores(q_i, k_j)
-        pre = logits.pre(qk, lt.bias_tile(x, tiling, t, u))
-        vis = lt.visible(spec, x, tiling, t, u) if masked else None
+    def p_and_delta(t, pre, vis, do_i):
         # Line 13: P_ij = diag(l_i)^-1 exp(S_ij - m_i).
-        p = sm.probabilities(pre, m_i[..., None], logits, vis, inv_l=inv_l_i[..., None])
-        # Line 16: dV_j += P_ijᵀ dO_i (summed over the group's query heads).
-        dv_j += lt.over_queries(p.astype(do.dtype), do_i)
-        # Line 17: dP_ij = dO_i V_jᵀ.
-        dp = lt.scores(do_i, v_j)
+        m_i, inv_l_i = lt.rows(m, t, bq, 3), lt.rows(inv_l, t, bq, 3)
+        p = sm.probabilities(pre, m_i[..., None], config.logits, vis, inv_l=inv_l_i[..., None])
         # Line 19: D_i = rowsum(dO_i ∘ O_i); the lse cotangent enters the same place.
+        o_i = lt.rows(o, t, bq, 3)
         d_i = jnp.sum(do_i.astype(jnp.float32) * o_i.astype(jnp.float32), axis=-1) - lt.rows(dlse, t, bq, 3)
-        # Line 20: dS_ij = P_ij ∘ (dP_ij - D_i), with τ (and a soft cap's derivative).
-        dlogit = sm.score_grad(p, dp, d_i[..., None], pre, logits, vis, of_logit=True)
-        ds = dlogit * logits.scale
-        # Line 21: dQ_i += dS_ij K_j, written back.
-        dq_i = lt.rows(dq, t, bq, 3) + sm.masked_tile_dot(lt.over_keys, ds, k_j, vis)
-        dq = lax.dynamic_update_slice_in_dim(dq, dq_i, t * bq, 3)
-        # Line 22: dK_j += dS_ijᵀ Q_i.
-        dk_j += sm.masked_tile_dot(lt.over_queries, ds, q_i, vis)
-        if dbias is not None:  # the bias's gradient, dS before the scale
-            dbias = lt.set_pair_tile(dbias, dlogit, tiling, t, u)
-        return dq, dbias, dk_j, dv_j
+        return p, d_i
 
-    def kv_step(grads, u):
-        # Lines 6-8: for each key/value tile, load K_j, V_j; initialise dK_j, dV_j.
-        k_j = lt.rows(x.k, u, bk, 2)
-        v_j = lt.rows(x.v, u, bk, 2)
-        carry = (*grads, jnp.zeros_like(k_j, jnp.float32), jnp.zeros_like(v_j, jnp.float32))
-        # Line 9: the query tiles that can see this key tile.
-        for span in spec.q_spans(u, bq, bk, lt.bounds_of(bounds, u)):
-            carry = lax.fori_loop(span.start, span.stop, functools.partial(q_step, span.masked, u, k_j, v_j), carry)
-        # Line 24: write dK_j, dV_j (stacked by the scan).
-        dq, dbias, dk_j, dv_j = carry
-        return (dq, dbias), (dk_j, dv_j)
-
-    # Line 5: dQ = 0 (and dBias = 0, set tile by tile).
-    scores = (*x.q.shape[:4], tiling.kv_padded)
-    dbias = None if x.bias is None else jnp.zeros_like(x.q, jnp.float32, shape=scores)
-    init = (jnp.zeros_like(x.q, jnp.float32), dbias)
-    (dq, dbias), (dk, dv) = lax.scan(kv_step, init, jnp.arange(tiling.num_kv_tiles))
-    dq = lt.q_heads_last(dq, spec.q_len).astype(inputs.q.dtype)
-    dk, dv = lt.kv_heads_last(dk, spec.kv_len, inputs.k.dtype), lt.kv_heads_last(dv, spec.kv_len, inputs.v.dtype)
-    return dq, dk, dv, lt.scores_grad(dbias, scores, spec.q_len, spec.kv_len)
+    return backward(inputs, config, tiling, x, lt.q_heads_first(dout, kv_heads, tiling.q_padded), p_and_delta)
 
 
 def _memory(shape: Shape, block_q: int | None, block_k: int | None, backward: bool) -> tuple[int, int]:
@@ -179,7 +134,6 @@ IMPLEMENTATION = registry.register(
         backward=_backward,
         memory=_memory,
         jax_differentiable=True,
-        default_block=DEFAULT_BLOCK,
         lse_backward=False,
         speed=20,
     )

@@ -135,12 +135,20 @@ _AUTOTUNED: dict[Hashable, Tuning] = {}
 def autotuned(key: Hashable, options: tuple[Tuning, ...], measure: Callable[[Tuning], tuple[float, float]]) -> Tuning:
     """The fastest of ``options`` for ``key``, timed once per process.
 
-    ``measure(tuning)`` returns ``(forward_seconds, backward_seconds)`` (``inf`` when a
-    candidate fails to compile or run). The forward kernel and the backward pair are
-    chosen independently.
+    ``measure(tuning)`` returns ``(forward_seconds, backward_seconds)``. A candidate whose
+    measurement raises (one that does not fit: shared memory, registers) loses; if every
+    candidate raises, so does this, from the last error. The forward kernel and the
+    backward pair are chosen independently.
     """
     if key not in _AUTOTUNED:
-        times = {t: measure(t) for t in options}
+        times, error = {}, None
+        for option in options:
+            try:
+                times[option] = measure(option)
+            except Exception as e:  # any failure to compile or run loses
+                times[option], error = (float("inf"), float("inf")), e
+        if all(forward == float("inf") for forward, _ in times.values()):
+            raise RuntimeError(f"autotuning {key}: none of {len(options)} candidates ran") from error
         fwd = min(options, key=lambda t: times[t][0])
         bwd = min(options, key=lambda t: times[t][1])
         _AUTOTUNED[key] = Tuning(fwd.forward, bwd.dkdv, bwd.dq)
