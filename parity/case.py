@@ -83,6 +83,14 @@ class Case:
     def replace(self, **changes) -> Case:
         return dataclasses.replace(self, **changes)
 
+    def decode_sized(self, max_q_len: int | None, kv_len: int, **changes) -> Case:
+        """This case, or for an implementation that takes at most ``max_q_len`` queries
+        (a decode kernel's record) and fewer than it has, that many at the end of a cache
+        of ``kv_len`` keys (with ``changes``)."""
+        if max_q_len is None or self.q_len <= max_q_len:
+            return self
+        return self.replace(**{"name": f"{self.name}_decode", "q_len": max_q_len, "kv_len": kv_len} | changes)
+
     def options(self) -> dict:
         """The keyword options of ``flash_attention`` this case uses (not the arrays)."""
         return dict(

@@ -3,7 +3,9 @@
 The same compiled function called again, and the function compiled afresh, must return
 the same bits for out, lse, dq, dk and dv (with cotangents for both outputs). On the CPU
 this runs everywhere at small sizes; the ``gpu`` variant runs the real kernels at sizes
-where a non-deterministic reduction (atomics, split-K) would show.
+where a non-deterministic reduction (atomics, split-K) would show. A decode kernel (a
+record with ``max_q_len``) runs as many queries as it takes against a cache long enough
+that split-KV decoding cuts it into shares and merges them (`_sized`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ import jax
 import numpy as np
 import pytest
 
+from jaxtile._core import Shape
+from jaxtile.triton import _kernel as pk
+from jaxtile.triton import decode
 from parity.case import Case, make_inputs
 from parity.run import jaxtile_function
 
@@ -41,6 +46,13 @@ GPU_CASE = Case(
     lse_grad=True,
 )
 CALLS = 3
+# The decode-sized variants' keys: on the CPU 25 tiles of 16 keys, in 3 shares; on a
+# Hopper GPU 64 of the default 128, in 8.
+DECODE_KV = {CPU_CASE.name: 400, GPU_CASE.name: 8192}
+
+
+def _sized(impl, case: Case) -> Case:
+    return case.decode_sized(impl.max_q_len, DECODE_KV[case.name])
 
 
 def _bits(values) -> list[bytes]:
@@ -61,11 +73,22 @@ def _assert_reproducible(case: Case, implementation: str, calls: int):
 
 
 def test_bitwise_reproducible(impl):
-    _assert_reproducible(CPU_CASE, impl.name, CALLS)
+    _assert_reproducible(_sized(impl, CPU_CASE), impl.name, CALLS)
+
+
+def test_the_decode_variant_splits_the_keys():
+    """pallas_decode cuts the CPU variant's keys into 3 shares (`num_splits`, with one
+    head per query tile: the most programs, so the fewest shares), merged in the test."""
+    case = _sized(decode.IMPLEMENTATION, CPU_CASE)
+    dims = Shape(2, case.q_len, case.kv, case.num_heads, case.kv_heads, case.head_dim, case.dim_v, 2)
+    assert decode.num_splits(dims, pk.Tiles(case.block_q, case.block_k, 2), pk.sm_count("cpu")) == 3
 
 
 @pytest.mark.gpu
 def test_bitwise_reproducible_on_gpu(impl):
-    # pallas_v1 runs one program per (batch, head) by design: keep it short.
-    case = GPU_CASE.replace(q_len=512) if impl.name == "pallas_v1" else GPU_CASE
-    _assert_reproducible(case, impl.name, calls=5)
+    case = GPU_CASE
+    if impl.algorithm == "FlashAttention-1":
+        # Key tiles in the outer loop rewrite the whole output at every step (and the
+        # Pallas kernel runs one program per batch × head): keep it short.
+        case = case.replace(q_len=512)
+    _assert_reproducible(_sized(impl, case), impl.name, calls=5)

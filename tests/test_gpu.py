@@ -84,6 +84,9 @@ def test_autotune_times_once_and_stays_exact():
     assert error.ok, error
 
 
+NATIVE = [i.name for i in registry.implementations() if "gpu" in i.platforms]
+KERNELS = [i.name for i in registry.implementations() if i.platforms == {"gpu"}]  # native nowhere else
+
 # What the shared-memory model admits, compiled for real: the smallest and largest head
 # dims and one that pads, every dtype, masks that add runtime tiles (a padding mask,
 # packed documents) or none, no GQA and a group of 16 (query heads packed per tile), at
@@ -111,7 +114,7 @@ EXTREMES = [
 
 
 @pytest.mark.parametrize("case", EXTREMES, ids=lambda c: c.name)
-@pytest.mark.parametrize("implementation", ["pallas_v2", "pallas_v1"])
+@pytest.mark.parametrize("implementation", KERNELS)
 def test_kernels_compile_and_are_exact_at_the_extremes(case, implementation):
     result = run_case(case, implementation, device="cpu")
     assert result.ok, result.describe()
@@ -161,7 +164,6 @@ DECODE = [
         "decode_d256_f32", batch=(2,), q_len=1, kv_len=3000, num_heads=4, num_kv_heads=2, head_dim=256, dtype="float32"
     ),
 ]
-NATIVE = [i.name for i in registry.implementations() if "gpu" in i.platforms]
 
 
 @pytest.mark.parametrize("case", DECODE, ids=lambda c: c.name)

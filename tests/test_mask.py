@@ -51,15 +51,22 @@ def _positions(spec: MaskSpec, q_length, kv_length) -> np.ndarray:
     return rows if spec.top_left else rows + kv_length - q_length
 
 
+def _in_window(pos, keys, causal: bool, window) -> np.ndarray:
+    """By definition (``shared/API.md``), from the call's own ``causal`` and ``window``:
+    ``causal`` hides keys past the query's position; ``window`` ``w`` is ``(w, w)``, a
+    side of None unbounded."""
+    left, right = (window, window) if isinstance(window, int) else window or (None, None)
+    visible = (keys <= pos) | (not causal)
+    visible &= True if left is None else keys >= pos - left
+    return visible & (True if right is None else keys <= pos + right)
+
+
 @pytest.mark.parametrize("q_len,kv_len,causal,window,bq,bk,top_left", ALIGNED)
 def test_spans_cover_exactly_the_visible_tiles(q_len, kv_len, causal, window, bq, bk, top_left):
     spec = MaskSpec.create(q_len, kv_len, causal=causal, window=window, top_left=top_left)
     vis = _visible(spec)
     pos, keys = _positions(spec, q_len, kv_len), np.arange(kv_len)[None, :]
-    expected = np.ones_like(vis)
-    expected &= True if spec.left is None else keys >= pos - spec.left
-    expected &= True if spec.right is None else keys <= pos + spec.right
-    np.testing.assert_array_equal(vis, expected)
+    np.testing.assert_array_equal(vis, _in_window(pos, keys, causal, window))
     n_q, n_kv = -(-q_len // bq), -(-kv_len // bk)
     forward = _pairs(lambda t: spec.kv_spans(t, bq, bk), n_q, n_kv, bq, bk)
     backward = _pairs(lambda u: spec.q_spans(u, bq, bk), n_kv, n_q, bk, bq)
@@ -206,15 +213,14 @@ def test_packed_documents_visit_only_their_own_tiles():
     assert visited == docs * per_doc * (per_doc + 1) // 2
 
 
-def _lengths_visible(spec: MaskSpec, lengths: np.ndarray) -> np.ndarray:
+def _lengths_visible(spec: MaskSpec, lengths: np.ndarray, causal: bool, window) -> np.ndarray:
     """By definition: ``[batch, q_len, kv_len]`` visibility of ``spec``'s positions and
-    window with per-sequence ``lengths [batch, 2]`` (no other runtime part)."""
+    the call's ``causal`` and ``window`` with per-sequence ``lengths [batch, 2]`` (no
+    other runtime part)."""
     q_lengths, kv_lengths = lengths[:, :1, None], lengths[:, 1:, None]
     pos, keys = _positions(spec, q_lengths, kv_lengths), np.arange(spec.kv_len)[None, :]
     vis = (np.arange(spec.q_len)[:, None] < q_lengths) & (keys < kv_lengths)
-    vis &= True if spec.left is None else keys >= pos - spec.left
-    vis &= True if spec.right is None else keys <= pos + spec.right
-    return vis
+    return vis & _in_window(pos, keys, causal, window)
 
 
 def _random_lengths(rng, q_len: int, kv_len: int) -> np.ndarray:
@@ -238,7 +244,7 @@ def test_length_spans_cover_exactly_the_visible_tiles(q_len, kv_len, causal, win
             lengths=(lengths[:, 0, None, None], lengths[:, 1, None, None]),
         )
     )
-    np.testing.assert_array_equal(vis, _lengths_visible(spec, lengths))
+    np.testing.assert_array_equal(vis, _lengths_visible(spec, lengths, causal, window))
     _check_runtime_spans(spec, vis[:, None], bq, bk, dict(lengths=lengths))
 
 
@@ -254,7 +260,7 @@ def test_segment_and_length_spans_cover_the_visible_tiles(q_len, kv_len, causal,
     lengths = _random_lengths(rng, q_len, kv_len)
     q_ids = _packed_ids(rng, len(lengths), q_len, 3, shuffled=False)
     kv_ids = q_ids if q_len == kv_len else _packed_ids(rng, len(lengths), kv_len, 3, shuffled=False)
-    vis = _lengths_visible(spec, lengths) & (q_ids[:, :, None] == kv_ids[:, None, :])
+    vis = _lengths_visible(spec, lengths, causal, window) & (q_ids[:, :, None] == kv_ids[:, None, :])
     runtime = dict(q_segment_ids=q_ids, kv_segment_ids=kv_ids, lengths=lengths)
     _check_runtime_spans(spec, vis[:, None], bq, bk, runtime)
 
@@ -282,7 +288,7 @@ def test_length_bounds_are_exactly_the_visible_tiles(q_len, kv_len, causal, wind
     they are long): a tile is visited iff one of its pairs is visible, and unmasked iff
     every pair is (rows up to ``q_len``; keys up to the tile's end). The tiles each
     direction visits, and those it visits whole, are one run, as the kernels' loops
-    and `tile_classes` (derived from these bounds) assume."""
+    and `MaskSpec._tile_classes` (derived from these bounds) assume."""
     spec = MaskSpec.create(q_len, kv_len, causal=causal, window=window, has_lengths=True, top_left=top_left)
     assert spec.bounds_from_lengths
     rng = np.random.default_rng(q_len * 1000 + kv_len + bq)
@@ -291,7 +297,7 @@ def test_length_bounds_are_exactly_the_visible_tiles(q_len, kv_len, causal, wind
         list(pairs) if (q_len + 1) * (kv_len + 1) <= 400 else rng.integers(0, [q_len + 1, kv_len + 1], (400, 2))
     )
     lengths = np.concatenate([lengths, [[q_len, kv_len], [0, 0]]]).astype(np.int32)
-    vis = _lengths_visible(spec, lengths)
+    vis = _lengths_visible(spec, lengths, causal, window)
     n_q, n_kv = -(-q_len // bq), -(-kv_len // bk)
     # Rows past q_len count as visible for `all` (never stored), keys past kv_len as hidden.
     padded = np.pad(vis, ((0, 0), (0, n_q * bq - q_len), (0, 0)), constant_values=True)

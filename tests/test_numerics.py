@@ -3,7 +3,8 @@ that see one key, tiny scales, and how NaN and Inf in an input propagate.
 
 Values are compared with the float64 torch reference and the tolerances of
 `parity.compare`; where a case makes the gradient comparison meaningless (a one-hot
-softmax, see ``Case.grads``), gradients are only required to be finite.
+softmax, see ``Case.grads``), gradients are only required to be finite. A decode kernel
+runs each case's decode-sized variant (`_decode`), whose keys split-KV decoding shares out.
 """
 
 from __future__ import annotations
@@ -17,12 +18,34 @@ import pytest
 
 import jaxtile
 from jaxtile import _softmax as sm
+from jaxtile._core import Shape
+from jaxtile.triton import _kernel as pk
+from jaxtile.triton import decode
 from parity.case import Case, make_inputs
 from parity.compare import finite, tolerance
 from parity.run import Problem, jaxtile_result, run_case, torch_reference
 
 B = 16
 FLOAT16_MAX = float(np.finfo(np.float16).max)
+# An implementation that takes fewer queries than a case (a decode kernel: its record's
+# ``max_q_len``) runs the case's decode-sized variant (`_decode`): as many queries as it
+# takes, at the end of a cache of DECODE_KV keys, long enough that split-KV decoding cuts
+# its key tiles into shares and merges them (`test_decode_variants_split_the_keys`).
+DECODE_KV = 512
+
+
+def _decode(impl, case: Case, **changes) -> Case:
+    return case.decode_sized(impl.max_q_len, DECODE_KV, **changes)
+
+
+def test_decode_variants_split_the_keys():
+    """The decode-sized variants cut pallas_decode's keys into several shares here, in
+    `B`-key tiles and in its default float32 ones (`num_splits`, with one head per
+    query tile: the most programs, so the fewest shares)."""
+    queries = decode.IMPLEMENTATION.max_q_len
+    for block_k in (B, decode.DEFAULTS[4].block_k):
+        dims = Shape(2, queries, DECODE_KV, 4, 2, 16, 16, 4)
+        assert decode.num_splits(dims, pk.Tiles(B, block_k, 2), pk.sm_count(jax.default_backend())) > 1, block_k
 
 
 def _problem(case: Case, arrays: dict) -> Problem:
@@ -64,6 +87,7 @@ def test_logits_of_1e4_in_float32(impl):
         block_q=B,
         block_k=B,
     )
+    case = _decode(impl, case)
     assert _max_logit(case, make_inputs(case)) > 1e4
     result = run_case(case, impl.name)
     assert result.ok, result.describe()
@@ -84,6 +108,7 @@ def test_logits_at_the_edge_of_float16_range(impl):
         block_q=B,
         block_k=B,
     )
+    case = _decode(impl, case)
     assert 2**15 < _max_logit(case, make_inputs(case)) < FLOAT16_MAX
     result = run_case(case, impl.name)
     assert result.ok, result.describe()
@@ -99,6 +124,7 @@ def test_float16_output_does_not_overflow(impl, values):
     case = Case(
         "fp16_v_edge", q_len=40, num_kv_heads=2, head_dim=16, dtype="float16", causal=True, block_q=B, block_k=B
     )
+    case = _decode(impl, case)
     arrays = make_inputs(case)
     rng = np.random.default_rng(1)
     shape = arrays["v"].shape
@@ -129,7 +155,8 @@ def test_float16_gradients_do_not_overflow(impl):
     """Gradients that fit in float16 must not overflow on the way, even when the
     intermediate ``dS`` does not fit (``_large_ds_arrays``; the Pallas kernels, which
     round dS to float16 for the matrix units, scale it per row). Finiteness only: the
-    cancellation that keeps dQ small makes its relative error meaningless to bound."""
+    cancellation that keeps dQ small makes its relative error meaningless to bound. The
+    decode-sized variant's rows see 4 keys each (a window), so that dS overflows there too."""
     case = Case(
         "fp16_large_ds",
         batch=(1,),
@@ -141,6 +168,7 @@ def test_float16_gradients_do_not_overflow(impl):
         block_q=B,
         block_k=B,
     )
+    case = _decode(impl, case, window=(3, 0))
     arrays = _large_ds_arrays(case)
     problem = _problem(case, arrays)
     assert max(np.abs(problem.expected[name]).max() for name in ("dq", "dk", "dv")) < FLOAT16_MAX / 4
@@ -168,6 +196,7 @@ def test_all_equal_scores(impl, dtype):
         block_q=B,
         block_k=B,
     )
+    case = _decode(impl, case)
     arrays = make_inputs(case)
     arrays["k"] = np.broadcast_to(arrays["k"][..., :1, :, :], arrays["k"].shape).copy()
     problem = _problem(case, arrays)
@@ -190,7 +219,10 @@ ONE_KEY = (
 def test_rows_that_see_one_key(impl, case):
     """A row with one visible key has probability exactly 1 there: out = that row of v,
     lse = its score. Its exact dS is 0, so the lse is differentiated too (``lse_grad``),
-    which gives dQ and dK rows of order 1 to compare."""
+    which gives dQ and dK rows of order 1 to compare. A decode-sized variant keeps more
+    queries than keys where the case has them (16 queries, 10 keys: rows 0-5 see nothing,
+    row 6 one key)."""
+    case = _decode(impl, case, **({"kv_len": 10} if case.kv < case.q_len else {}))
     result = run_case(case.replace(block_q=B, block_k=B), impl.name)
     assert result.ok, result.describe()
 
@@ -198,51 +230,61 @@ def test_rows_that_see_one_key(impl, case):
 def test_scale_below_float32_range(impl):
     """A positive scale so small that it is 0 in float32 acts as a zero scale (uniform
     softmax), never NaN."""
-    result = run_case(Case("tiny_scale", q_len=40, head_dim=16, causal=True, scale=1e-300), impl.name)
+    case = _decode(impl, Case("tiny_scale", q_len=40, head_dim=16, causal=True, scale=1e-300))
+    result = run_case(case, impl.name)
     assert result.ok, result.describe()
 
 
 # --- NaN and Inf propagation -----------------------------------------------------------
 #
 # One entry of one input is poisoned, at batch element 1, kv head 1 (query heads 2, 3)
-# and head dim 3; causal with a left window of 12, so key 20 is seen by rows 20..32.
-# "The rows it touches":
-#   q[1, 20, 3, 3]: that query row (all of its output and its lse);
-#   k[1, 20, 1, 3]: every row of query heads 2 and 3 that sees key 20 (output and lse);
-#   v[1, 20, 1, 3]: column 3 of the output of every row that sees key 20 (not the lse).
+# and head dim 3, at the middle query row or the key on its diagonal (`_poison_at`);
+# causal with a left window of 12. In `NAN_CASE` that is row 20 or key 20, seen by rows
+# 20..32; in its decode-sized variant (16 queries, 512 keys), row 8 or key 504, seen by
+# rows 8..15. "The rows it touches":
+#   q[1, row, 3, 3]: that query row (all of its output and its lse);
+#   k[1, key, 1, 3]: every row of query heads 2 and 3 that sees the key (output and lse);
+#   v[1, key, 1, 3]: column 3 of the output of every row that sees the key (not the lse).
 # Everything else must be bitwise what the clean inputs give; the same for gradients,
 # where defined (NaN, not Inf, whose inf - inf is NaN anyway).
 
 NAN_CASE = Case("poisoned", q_len=40, num_kv_heads=2, head_dim=8, causal=True, window=(12, 0), block_q=B, block_k=B)
-POISON_B, POISON_POS, POISON_KV_HEAD, POISON_DIM = 1, 20, 1, 3
+POISON_B, POISON_KV_HEAD, POISON_DIM = 1, 1, 3
 POISON_HEADS = [2, 3]
 
 
-def _visible() -> np.ndarray:
-    """``[q_len, kv_len]`` visibility of `NAN_CASE`."""
-    i, j = np.arange(NAN_CASE.q_len)[:, None], np.arange(NAN_CASE.kv)[None, :]
-    return (j <= i) & (j >= i - NAN_CASE.window[0])
+def _poison_at(case: Case) -> tuple[int, int]:
+    """The poisoned query row (the middle one) and key (on that row's diagonal)."""
+    row = case.q_len // 2
+    return row, row + case.kv - case.q_len
 
 
-# The last 8 keys of batch element 1 as padding (an unfilled KV cache): no query sees them.
-PADDING = np.ones((2, 1, 1, NAN_CASE.kv), bool)
-PADDING[POISON_B, ..., -8:] = False
+def _visible(case: Case) -> np.ndarray:
+    """``[q_len, kv_len]`` visibility of `NAN_CASE` (or its variant: queries end where keys do)."""
+    i, j = np.arange(case.q_len)[:, None] + case.kv - case.q_len, np.arange(case.kv)[None, :]
+    return (j <= i) & (j >= i - case.window[0])
+
+
+def _padding(case: Case) -> np.ndarray:
+    """The last 8 keys of batch element 1 as padding (an unfilled KV cache): no query sees them."""
+    padding = np.ones((2, 1, 1, case.kv), bool)
+    padding[POISON_B, ..., -8:] = False
+    return padding
 
 
 @functools.cache
-def _runner(implementation: str, padded: bool = False):
-    """Jitted ``(q, k, v, dout) -> (out, lse, dq, dk, dv)`` of `NAN_CASE` (with `PADDING`
+def _runner(implementation: str, case: Case, padded: bool = False):
+    """Jitted ``(q, k, v, dout) -> (out, lse, dq, dk, dv)`` of ``case`` (with `_padding`
     as a mask if ``padded``), compiled once."""
-    mask = jnp.asarray(PADDING) if padded else None
+    mask = jnp.asarray(_padding(case)) if padded else None
 
     def attend(q, k, v):
-        c = NAN_CASE
         return jaxtile.flash_attention(
             q,
             k,
             v,
-            causal=c.causal,
-            window=c.window,
+            causal=case.causal,
+            window=case.window,
             mask=mask,
             implementation=implementation,
             block_q=B,
@@ -258,16 +300,16 @@ def _runner(implementation: str, padded: bool = False):
     return run
 
 
-def _run(implementation: str, arrays: dict, padded: bool = False) -> dict[str, np.ndarray]:
-    values = _runner(implementation, padded)(*(arrays[name] for name in ("q", "k", "v", "dout")))
+def _run(implementation: str, case: Case, arrays: dict, padded: bool = False) -> dict[str, np.ndarray]:
+    values = _runner(implementation, case, padded)(*(arrays[name] for name in ("q", "k", "v", "dout")))
     return dict(zip(("out", "lse", "dq", "dk", "dv"), (np.asarray(x) for x in values)))
 
 
-def _poisoned(name: str, value: float) -> dict:
-    arrays = make_inputs(NAN_CASE)
+def _poisoned(case: Case, name: str, value: float) -> dict:
+    arrays = make_inputs(case)
     arrays[name] = arrays[name].copy()
     head = POISON_HEADS[1] if name == "q" else POISON_KV_HEAD
-    arrays[name][POISON_B, POISON_POS, head, POISON_DIM] = value
+    arrays[name][POISON_B, _poison_at(case)[name != "q"], head, POISON_DIM] = value
     return arrays
 
 
@@ -288,16 +330,18 @@ def _outside_group(shape_heads: int, kv_heads: bool) -> np.ndarray:
 def test_nan_and_inf_in_q_or_k_reach_exactly_their_rows(impl, poisoned, value):
     """Out and lse are non-finite exactly where the float64 reference is; for NaN that is
     exactly the rows it touches. Other entries are bitwise those of the clean inputs.
-    (+Inf in k gives a -inf score on rows whose q is negative in that dim: key 20 drops
+    (+Inf in k gives a -inf score on rows whose q is negative in that dim: the key drops
     out of those rows, which stay finite; the reference agrees.)"""
-    arrays = _poisoned(poisoned, value)
-    got, clean = _run(impl.name, arrays), _run(impl.name, make_inputs(NAN_CASE))
-    expected = torch_reference(NAN_CASE, arrays)
-    rows = np.zeros((2, NAN_CASE.q_len, NAN_CASE.num_heads), bool)  # [b, t, h]
+    case = _decode(impl, NAN_CASE)
+    row, key = _poison_at(case)
+    arrays = _poisoned(case, poisoned, value)
+    got, clean = _run(impl.name, case, arrays), _run(impl.name, case, make_inputs(case))
+    expected = torch_reference(case, arrays)
+    rows = np.zeros((2, case.q_len, case.num_heads), bool)  # [b, t, h]
     if poisoned == "q":
-        rows[POISON_B, POISON_POS, POISON_HEADS[1]] = True
+        rows[POISON_B, row, POISON_HEADS[1]] = True
     else:
-        rows[POISON_B, _visible()[:, POISON_POS], POISON_HEADS[0] :] = True
+        rows[POISON_B, _visible(case)[:, key], POISON_HEADS[0] :] = True
     for name, touched in (("out", rows[..., None]), ("lse", rows.transpose(0, 2, 1))):
         bad = ~np.isfinite(got[name])
         bad_ref = ~np.isfinite(expected[name])
@@ -309,18 +353,18 @@ def test_nan_and_inf_in_q_or_k_reach_exactly_their_rows(impl, poisoned, value):
         _assert_same_bits(got[name], clean[name], ~np.broadcast_to(touched, bad.shape), name)
 
 
-def _gradient_poison(poisoned: str) -> dict[str, np.ndarray]:
+def _gradient_poison(case: Case, poisoned: str) -> dict[str, np.ndarray]:
     """Where a NaN at `_poisoned`'s entry of ``poisoned`` must be in dq, dk and dv (bool,
     their shapes): every entry that depends on it, through the rows R that it makes NaN
-    (the query row; for k or v, the rows that see key 20) and the keys those rows see."""
-    vis, c = _visible(), POISON_POS
-    heads = np.zeros(NAN_CASE.num_heads, bool)
+    (the query row; for k or v, the rows that see the key) and the keys those rows see."""
+    vis, (row, key) = _visible(case), _poison_at(case)
+    heads = np.zeros(case.num_heads, bool)
     heads[[POISON_HEADS[1]] if poisoned == "q" else POISON_HEADS] = True
-    rows = np.arange(NAN_CASE.q_len) == c if poisoned == "q" else vis[:, c]
+    rows = np.arange(case.q_len) == row if poisoned == "q" else vis[:, key]
     keys = vis[rows].any(axis=0)
-    dq = np.zeros((2, NAN_CASE.q_len, NAN_CASE.num_heads, NAN_CASE.head_dim), bool)
+    dq = np.zeros((2, case.q_len, case.num_heads, case.head_dim), bool)
     dq[POISON_B] = rows[:, None, None] & heads[:, None]
-    dk = np.zeros((2, NAN_CASE.kv, NAN_CASE.kv_heads, NAN_CASE.head_dim), bool)
+    dk = np.zeros((2, case.kv, case.kv_heads, case.head_dim), bool)
     dk[POISON_B, keys, POISON_KV_HEAD] = True
     # dV = Pᵀ dO: P does not depend on v.
     return {"dq": dq, "dk": dk, "dv": dk if poisoned != "v" else np.zeros_like(dk)}
@@ -333,8 +377,9 @@ def test_nan_reaches_exactly_the_gradients_that_depend_on_it(impl, poisoned):
     implementations hold this exactly; the reference's autodiff of its materialised
     ``P V`` spreads the NaN further inside the poisoned batch element and kv head group
     (``0 · NaN`` in the transposed products), so for it only the outside is checked."""
-    got, clean = _run(impl.name, _poisoned(poisoned, np.nan)), _run(impl.name, make_inputs(NAN_CASE))
-    for name, must in _gradient_poison(poisoned).items():
+    case = _decode(impl, NAN_CASE)
+    got, clean = _run(impl.name, case, _poisoned(case, poisoned, np.nan)), _run(impl.name, case, make_inputs(case))
+    for name, must in _gradient_poison(case, poisoned).items():
         assert np.isnan(got[name][must]).all(), f"{name}: NaN hidden from entries that depend on it"
         untouched = ~must
         if not impl.tiled:
@@ -344,26 +389,29 @@ def test_nan_reaches_exactly_the_gradients_that_depend_on_it(impl, poisoned):
 
 @pytest.mark.parametrize("value", [np.nan, np.inf], ids=["nan", "inf"])
 def test_nan_and_inf_in_v_reach_the_rows_that_see_the_key(impl, value):
-    """Column 3 of every row that sees key 20 is non-finite; other columns, the lse, and
+    """Column 3 of every row that sees the key is non-finite; other columns, the lse, and
     everything outside the batch element and kv head group are bitwise unchanged."""
-    got, clean = _run(impl.name, _poisoned("v", value)), _run(impl.name, make_inputs(NAN_CASE))
-    seen_by = _visible()[:, POISON_POS]
+    case = _decode(impl, NAN_CASE)
+    got, clean = _run(impl.name, case, _poisoned(case, "v", value)), _run(impl.name, case, make_inputs(case))
+    seen_by = _visible(case)[:, _poison_at(case)[1]]
     column = got["out"][POISON_B][seen_by][:, POISON_HEADS, POISON_DIM]
     assert not np.isfinite(column).any(), "hidden from a row that sees the key"
     _assert_same_bits(got["lse"], clean["lse"], np.ones(got["lse"].shape, bool), "lse")
     other_columns = np.ones(got["out"].shape, bool)
     other_columns[..., POISON_DIM] = False
     _assert_same_bits(got["out"], clean["out"], other_columns, "out, other columns")
-    outside = np.broadcast_to(_outside_group(NAN_CASE.num_heads, kv_heads=False), got["out"].shape)
+    outside = np.broadcast_to(_outside_group(case.num_heads, kv_heads=False), got["out"].shape)
     _assert_same_bits(got["out"], clean["out"], outside, "out outside the group")
 
 
 @pytest.mark.parametrize("value", [np.nan, np.inf], ids=["nan", "inf"])
 def test_nan_and_inf_in_v_spare_rows_that_do_not_see_the_key(impl, value):
-    """Rows that do not see key 20 (rows 0..19 and 33..39) keep their clean output."""
-    got, clean = _run(impl.name, _poisoned("v", value)), _run(impl.name, make_inputs(NAN_CASE))
+    """Rows that do not see the key (rows 0..19 and 33..39 in `NAN_CASE`) keep their
+    clean output."""
+    case = _decode(impl, NAN_CASE)
+    got, clean = _run(impl.name, case, _poisoned(case, "v", value)), _run(impl.name, case, make_inputs(case))
     spared = np.ones(got["out"].shape, bool)
-    spared[POISON_B, _visible()[:, POISON_POS]] = False
+    spared[POISON_B, _visible(case)[:, _poison_at(case)[1]]] = False
     _assert_same_bits(got["out"], clean["out"], spared, "rows that do not see the key")
 
 
@@ -382,12 +430,13 @@ def test_masked_dot_follows_ieee_on_visible_entries_only():
 
 @pytest.mark.parametrize("poisoned", ["k", "v"])
 def test_nan_in_keys_no_query_sees_changes_nothing(impl, poisoned):
-    """NaN in every padded key (`PADDING`, e.g. an unfilled KV cache): outputs and
+    """NaN in every padded key (`_padding`, e.g. an unfilled KV cache): outputs and
     gradients are bitwise those of clean padding."""
-    arrays = make_inputs(NAN_CASE)
-    clean = _run(impl.name, arrays, padded=True)
+    case = _decode(impl, NAN_CASE)
+    arrays = make_inputs(case)
+    clean = _run(impl.name, case, arrays, padded=True)
     arrays[poisoned] = arrays[poisoned].copy()
     arrays[poisoned][POISON_B, -8:] = np.nan
-    got = _run(impl.name, arrays, padded=True)
+    got = _run(impl.name, case, arrays, padded=True)
     for name in ("out", "lse", "dq", "dk", "dv"):
         _assert_same_bits(got[name], clean[name], np.ones(got[name].shape, bool), name)

@@ -1,25 +1,38 @@
 """``jaxtile.paged_attention``: against ``flash_attention`` on the gathered contiguous
-cache (the definition, up to the order of summation) and against a float64 reference built from the dense mask, with
-pages in random order, shared pages, uneven fills, both dtypes; a user's pallas_decode
-tuning; gradients; ``jit``; bad input."""
+cache (the definition, up to the order of summation) and against the float64 parity
+reference (`parity.reference`), with pages in random order, shared pages, uneven fills,
+every dtype, for every implementation whose record reads the pages in place
+(``paged_forward``) and the default; a user's pallas_decode tuning; gradients; ``jit``;
+bad input."""
 
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import torch
 from jax_settings import jax_test_config
 
 import jaxtile
+from jaxtile import registry
 from jaxtile.triton import decode
 from jaxtile.triton.tuning import KernelTuning
+from parity import reference
 from parity.compare import compare, tolerance
 
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+# The default (None: on the CPU, an implementation that gathers the pages) and every
+# implementation whose record reads the pages in place; a call one cannot run is skipped
+# (`registry.Unsupported`, through conftest).
+PAGED = (None, *(i for i in registry.implementations() if i.paged_forward is not None))
+over_paged = pytest.mark.parametrize("impl", PAGED, ids=lambda i: "default" if i is None else i.name)
+
+
+def _name(impl: registry.Implementation | None) -> str | None:
+    return None if impl is None else impl.name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +115,16 @@ CASES = [
         layout="shared",
         dtype="bfloat16",
     ),
+    Paged(
+        "decode3_gqa_causal_ps8_shared_fp16",
+        q_len=3,
+        page_size=8,
+        pages_per_sequence=3,
+        kv_lengths=(24, 19, 3, 0),
+        causal=True,
+        layout="shared",
+        dtype="float16",
+    ),
 ]
 
 
@@ -132,51 +155,28 @@ def _inputs(case: Paged) -> dict[str, np.ndarray]:
     )
 
 
-def _contiguous(pages, table: np.ndarray, xp=np):
-    """``[batch, pages_per_sequence * page_size, num_kv_heads, dim]``: each sequence's
-    pages laid end to end, page by page (independent of ``jaxtile._core.gather_pages``)."""
-    caches = [xp.concatenate([pages[:, page] for page in row], axis=1) for row in table]
-    return xp.stack(caches).transpose(0, 2, 1, 3)
+def _contiguous(pages, table: np.ndarray):
+    """``[batch, pages_per_sequence * page_size, num_kv_heads, dim]`` (NumPy or torch):
+    each sequence's pages laid end to end, page by page (independent of
+    ``jaxtile._core.gather_pages``)."""
+    heads, _, _, dim = pages.shape
+    rows = pages[:, table.astype(np.int64)]  # [heads, batch, pages_per_sequence, page_size, dim]
+    return rows.reshape(heads, len(table), -1, dim).swapaxes(0, 1).swapaxes(1, 2)
 
 
-def _reference(query, keys, values, kv_lengths, q_lengths, *, causal, window, logits_soft_cap, xp=np):
-    """Attention from the dense mask, in NumPy (``xp=jnp``: JAX, to differentiate) and
-    the inputs' precision: ``(out, lse)``, 0 and ``-inf`` for a row that sees no key."""
-    batch, q_len, num_heads, head_dim = query.shape
-    kv_len, num_kv_heads = keys.shape[1:3]
-    keys = xp.repeat(keys, num_heads // num_kv_heads, axis=2)
-    values = xp.repeat(values, num_heads // num_kv_heads, axis=2)
-    scores = xp.einsum("bthd,bshd->bhts", query, keys) / math.sqrt(head_dim)
-    if logits_soft_cap is not None:
-        scores = logits_soft_cap * xp.tanh(scores / logits_soft_cap)
-    q_lengths = np.full(batch, q_len) if q_lengths is None else q_lengths
-    row, col = np.arange(q_len)[:, None], np.arange(kv_len)[None, :]
-    ql, kl = (np.asarray(x)[:, None, None, None] for x in (q_lengths, kv_lengths))
-    position = row + kl - ql
-    visible = (row < ql) & (col < kl)
-    if causal:
-        visible &= col <= position
-    if window is not None:
-        left, right = window
-        if left is not None:
-            visible &= col >= position - left
-        if right is not None:
-            visible &= col <= position + right
-    seen = visible.any(-1, keepdims=True)
-    top = xp.where(seen, xp.max(xp.where(visible, scores, -np.inf), -1, keepdims=True), 0.0)
-    weights = xp.where(visible, xp.exp(xp.where(visible, scores, top) - top), 0.0)
-    total = xp.where(seen, weights.sum(-1, keepdims=True), 1.0)
-    out = xp.einsum("bhts,bshd->bthd", weights / total, values)
-    lse = xp.where(seen, top + xp.log(total), -np.inf)[..., 0]
-    return out, lse
+def _reference(case: Paged, arrays: dict, query, k_pages, v_pages):
+    """The float64 parity reference on torch tensors (differentiable), on the contiguous
+    caches: ``(out, lse)``, 0 and ``-inf`` for a row that sees no key."""
+    table = arrays["page_table"]
+    lengths = {n: None if arrays[n] is None else torch.from_numpy(arrays[n]) for n in ("q_lengths", "kv_lengths")}
+    keys, values = _contiguous(k_pages, table), _contiguous(v_pages, table)
+    return reference.attention(query, keys, values, **lengths, **case.options())
 
 
 def _expected(case: Paged, arrays: dict) -> tuple[np.ndarray, np.ndarray]:
-    """The float64 reference on the contiguous caches built in NumPy."""
-    table = arrays["page_table"]
-    f64 = {name: np.asarray(arrays[name], np.float64) for name in ("query", "k_pages", "v_pages")}
-    keys, values = _contiguous(f64["k_pages"], table), _contiguous(f64["v_pages"], table)
-    return _reference(f64["query"], keys, values, arrays["kv_lengths"], arrays["q_lengths"], **case.options())
+    """The float64 reference, in NumPy."""
+    f64 = (torch.from_numpy(np.asarray(arrays[name], np.float64)) for name in ("query", "k_pages", "v_pages"))
+    return tuple(x.numpy() for x in _reference(case, arrays, *f64))
 
 
 def _paged(arrays: dict, **options):
@@ -188,11 +188,16 @@ def _paged(arrays: dict, **options):
     )
 
 
+def _tolerance(dtype: str, lse: np.ndarray):
+    """``dtype``'s tolerance for the largest finite ``|lse|`` of the reference."""
+    return tolerance(dtype, float(np.abs(lse[np.isfinite(lse)]).max(initial=0.0)))
+
+
 def _check(case: Paged, arrays: dict, out, lse) -> None:
     """``out``, ``lse`` against the float64 reference within the dtype's tolerance; rows
     that see no key exactly 0 and ``-inf``."""
     expected_out, expected_lse = _expected(case, arrays)
-    tol = tolerance(case.dtype, float(np.abs(expected_lse[np.isfinite(expected_lse)]).max(initial=0.0)))
+    tol = _tolerance(case.dtype, expected_lse)
     assert lse.dtype == jnp.float32
     out, lse = np.asarray(out, np.float64), np.asarray(lse)
     for name, got, want in (("out", out, expected_out), ("lse", lse, expected_lse)):
@@ -204,10 +209,11 @@ def _check(case: Paged, arrays: dict, out, lse) -> None:
     assert np.isfinite(out).all()
 
 
+@over_paged
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
-def test_matches_flash_attention_and_float64_reference(case):
+def test_matches_flash_attention_and_float64_reference(case, impl):
     arrays = _inputs(case)
-    out, lse = _paged(arrays, **case.options())
+    out, lse = _paged(arrays, implementation=_name(impl), **case.options())
     assert out.shape == (case.batch, case.q_len, case.num_heads, case.head_dim)
     assert out.dtype == DTYPES[case.dtype]
     assert lse.shape == (case.batch, case.num_heads, case.q_len)
@@ -219,6 +225,7 @@ def test_matches_flash_attention_and_float64_reference(case):
         kv_lengths=jnp.asarray(arrays["kv_lengths"]),
         q_lengths=None if arrays["q_lengths"] is None else jnp.asarray(arrays["q_lengths"]),
         return_lse=True,
+        implementation=_name(impl),
         **case.options(),
     )
     _same_up_to_order(out, direct_out, DTYPES[case.dtype])
@@ -239,8 +246,9 @@ def _same_up_to_order(got, want, dtype) -> None:
     np.testing.assert_allclose(got[finite], want[finite], rtol=8 * eps, atol=8 * eps * scale)
 
 
+@over_paged
 @pytest.mark.parametrize("seed", range(6))
-def test_random_configurations(seed):
+def test_random_configurations(seed, impl):
     """Random shapes, fills and page tables (pages drawn with repetition: shared pages and
     unused ones), against the float64 reference."""
     rng = np.random.default_rng(1000 + seed)
@@ -265,7 +273,7 @@ def test_random_configurations(seed):
     arrays = _inputs(case)
     num_pages = arrays["k_pages"].shape[1]
     arrays["page_table"] = rng.integers(0, num_pages, (batch, pages_per_sequence)).astype(np.int32)
-    _check(case, arrays, *_paged(arrays, **case.options()))
+    _check(case, arrays, *_paged(arrays, implementation=_name(impl), **case.options()))
 
 
 @pytest.mark.parametrize("num_splits", [1, 3, 64])
@@ -362,9 +370,10 @@ def test_paged_decode_autotunes_on_the_pages(monkeypatch):
     assert [key[-1] for key in decode.tn._AUTOTUNED] == [case.page_size]
 
 
-def test_gradients_match_float64_reference():
+@over_paged
+def test_gradients_match_float64_reference(impl):
     """dq, dk_pages, dv_pages (shared pages accumulate, unused pages get 0) under a random
-    output and lse cotangent, against ``jax.grad`` of the float64 reference."""
+    output and lse cotangent, against torch autograd of the float64 reference."""
     case = Paged(
         "grads", q_len=3, kv_lengths=(24, 17, 9, 0), q_lengths=(3, 2, 3, 1), layout="shared", causal=True, window=(6, 0)
     )
@@ -374,28 +383,23 @@ def test_gradients_match_float64_reference():
     dlse = rng.standard_normal((case.batch, case.num_heads, case.q_len))
     table, kv_lengths, q_lengths = arrays["page_table"], arrays["kv_lengths"], arrays["q_lengths"]
 
-    def loss(attention, query, k_pages, v_pages):
-        out, lse = attention(query, k_pages, v_pages)
+    def loss(query, k_pages, v_pages):
+        options = dict(q_lengths=q_lengths, return_lse=True, implementation=_name(impl), **case.options())
+        out, lse = jaxtile.paged_attention(query, k_pages, v_pages, table, kv_lengths, **options)
         return (out * dout).sum() + jnp.where(jnp.isinf(lse), 0.0, lse * dlse).sum()
 
-    def paged(query, k_pages, v_pages):
-        return jaxtile.paged_attention(
-            query, k_pages, v_pages, table, kv_lengths, q_lengths=q_lengths, return_lse=True, **case.options()
-        )
-
-    def reference(query, k_pages, v_pages):
-        keys, values = _contiguous(k_pages, table, jnp), _contiguous(v_pages, table, jnp)
-        return _reference(query, keys, values, kv_lengths, q_lengths, **case.options(), xp=jnp)
-
-    primals = [arrays[name] for name in ("query", "k_pages", "v_pages")]
-    got = jax.jit(jax.grad(lambda *x: loss(paged, *x), argnums=(0, 1, 2)))(*map(jnp.asarray, primals))
-    with jax.enable_x64(True):
-        grad = jax.jit(jax.grad(lambda *x: loss(reference, *x), argnums=(0, 1, 2)))
-        want = [np.asarray(g) for g in grad(*(np.asarray(x, np.float64) for x in primals))]
-    tol = tolerance("float32", 10.0)
-    for name, g, w in zip(("dq", "dk_pages", "dv_pages"), got, want):
-        error = compare(np.asarray(g), w, tol)
-        assert error.ok, f"{name}: {error}"
+    names = ("query", "k_pages", "v_pages")
+    got = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(*(jnp.asarray(arrays[name]) for name in names))
+    primals = [torch.tensor(np.asarray(arrays[name], np.float64), requires_grad=True) for name in names]
+    out, lse = _reference(case, arrays, *primals)
+    torch_loss = (out * torch.from_numpy(dout)).sum() + torch.where(
+        lse.isinf(), 0.0, lse * torch.from_numpy(dlse)
+    ).sum()
+    torch_loss.backward()
+    tol = _tolerance(case.dtype, lse.detach().numpy())
+    for name, g, w in zip(("dq", "dk_pages", "dv_pages"), got, primals):
+        error = compare(np.asarray(g), w.grad.numpy(), tol)
+        assert error.ok, f"{name}: {error} (tolerance {tol})"
     unused = np.setdiff1d(np.arange(arrays["k_pages"].shape[1]), table)
     assert unused.size and not np.asarray(got[1])[:, unused].any() and not np.asarray(got[2])[:, unused].any()
 
@@ -423,13 +427,6 @@ def test_under_jit_with_traced_table_and_lengths():
     clipped = np.clip(outside, 0, num_pages - 1)
     for got, want in zip(step(outside, kv_lengths, q_lengths), step(clipped, kv_lengths, q_lengths)):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
-
-
-def test_other_implementations_agree():
-    case = CASES[3]  # decode3_mqa_causal_ps16
-    arrays = _inputs(case)
-    for implementation in ("reference", "scan_v1"):
-        _check(case, arrays, *_paged(arrays, implementation=implementation, **case.options()))
 
 
 def test_every_implementation_under_jax_test_config(impl):

@@ -6,8 +6,11 @@ with shardings and inside ``shard_map``. The only communication allowed is the s
 dK and dV over head shards when several devices share one kv head (MQA, or GQA with more
 head shards than kv heads). Results must equal the unsharded computation.
 
-The checks run on 8 CPU host devices in a subprocess (see ``host_devices``), for every
-implementation whose record takes the call (Pallas ones in interpret mode).
+The checks run on 8 CPU host devices in a subprocess (see ``host_devices``). The main
+layouts run for every implementation whose record takes the call (Pallas ones in
+interpret mode); the others, to keep the suite quick, for the one that runs the call
+natively here (`_native`: what ``implementation=None`` picks) and, where they concern
+what `custom_partitioning` must get right, the interpreted ones.
 """
 
 from __future__ import annotations
@@ -40,6 +43,11 @@ def _taking(num_kv_heads: int = HEADS, q_len: int = LEN, features: frozenset[str
 
 def _available(**call) -> list[str]:
     return [i.name for i in _taking(**call)]
+
+
+def _native(**call) -> str:
+    """The fastest implementation that takes the call natively here."""
+    return next(i.name for i in _taking(**call) if jax.default_backend() in i.platforms)
 
 
 def _interpreted(**call) -> list[str]:
@@ -110,7 +118,8 @@ def check_jit_batch_and_heads_every_implementation():
 
 def check_jit_grouped_kv_heads_split_over_devices():
     # 4 kv heads over 4 head shards: every device holds the kv head of its 2 query heads.
-    for implementation in ("scan_v2", *_interpreted(num_kv_heads=4, features=frozenset({"window"}))):
+    call = dict(num_kv_heads=4, features=frozenset({"window"}))
+    for implementation in (_native(**call), *_interpreted(**call)):
         _check_jit(implementation, 4, P("data", None, "model"), window=(5, 3))
 
 
@@ -123,7 +132,7 @@ def check_jit_decode_every_implementation():
 def check_jit_kv_heads_shared_by_head_shards():
     # MQA, and 2 kv heads over 4 head shards: k, v replicated over "model"; each device
     # uses one kv head, and dK, dV are summed over the head shards.
-    _check_jit("scan_v2", 2, P("data"), causal=True)
+    _check_jit(_native(num_kv_heads=2), 2, P("data"), causal=True)
     for implementation in _interpreted(num_kv_heads=1):
         _check_jit(implementation, 1, P("data"), causal=True)
 
@@ -132,8 +141,8 @@ def check_jit_with_gspmd_partitioner():
     previous = jax.config.jax_use_shardy_partitioner
     jax.config.update("jax_use_shardy_partitioner", False)
     try:
-        _check_jit("scan_v2", HEADS, P("data", None, "model"), causal=True)
-        _check_jit("scan_v2", 1, P("data"), causal=True)
+        _check_jit(_native(), HEADS, P("data", None, "model"), causal=True)
+        _check_jit(_native(num_kv_heads=1), 1, P("data"), causal=True)
     finally:
         jax.config.update("jax_use_shardy_partitioner", previous)
 
@@ -174,7 +183,7 @@ def check_shard_map():
     mesh = _mesh()
     spec = P("data", None, "model")
     args = _arrays(HEADS, seed=1)
-    for implementation in ("scan_v2", *_interpreted()):
+    for implementation in (_native(), *_interpreted()):
         fn = _forward_backward(implementation, causal=True)
         mapped = jax.jit(
             jax.shard_map(
@@ -193,7 +202,7 @@ def check_sequence_sharding_is_gathered_correctly():
     mesh = _mesh()
     spec = NamedSharding(mesh, P("data", "model"))
     args = _arrays(2, seed=2)
-    fn = _forward_backward("scan_v2", causal=True)
+    fn = _forward_backward(_native(num_kv_heads=2), causal=True)
     _assert_matches(jax.jit(fn, in_shardings=(spec,) * 4)(*args), jax.jit(fn)(*args), "sequence-sharded")
 
 
@@ -204,7 +213,8 @@ def check_explicit_sharding_in_types():
     q_spec = P("data", None, "model")
     for num_kv_heads, kv_spec in ((HEADS, q_spec), (4, q_spec), (1, P("data"))):
         args = _arrays(num_kv_heads, seed=3)
-        taking = _available() if num_kv_heads == HEADS else ("scan_v2", *_interpreted(num_kv_heads=num_kv_heads))
+        call = dict(num_kv_heads=num_kv_heads)
+        taking = _available() if num_kv_heads == HEADS else (_native(**call), *_interpreted(**call))
         for implementation in taking:
             fn = _forward_backward(implementation, causal=True)
             what = f"{implementation}, {num_kv_heads} kv heads sharded {kv_spec} in types"
@@ -220,10 +230,11 @@ def check_explicit_sharding_in_types():
             _assert_matches(got, jax.jit(fn)(*args), what)
     # Only k and v sharded in their types, q an ordinary array: q's (lack of) sharding decides.
     args = _arrays(HEADS, seed=4)
-    fn = _forward_backward("scan_v2", causal=True)
+    native = _native()
+    fn = _forward_backward(native, causal=True)
     kv = [jax.device_put(x, NamedSharding(mesh, P("data", None, "model"))) for x in args[1:3]]
     got = jax.jit(fn)(args[0], *kv, args[3])
-    _assert_matches(got, jax.jit(fn)(*args), "scan_v2, only k and v sharded in types")
+    _assert_matches(got, jax.jit(fn)(*args), f"{native}, only k and v sharded in types")
 
 
 def test_on_eight_host_devices():
