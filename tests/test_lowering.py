@@ -15,6 +15,7 @@ from jax._src.pallas.triton import pallas_call_registration as registration
 
 import jaxtile
 import jaxtile.api
+from bench import lowered
 from jaxtile import registry
 from jaxtile.triton import _kernel as pk
 
@@ -80,3 +81,24 @@ def test_paged_kernels_lower_to_modules_that_verify(impl, verified_modules):
     table, lengths = S((2, 20), jnp.int32), S((2,), jnp.int32)
     _lower(lambda *args: jaxtile.paged_attention(*args, implementation=impl.name), q, pages, pages, table, lengths)
     assert len(verified_modules) == 1
+
+
+def test_kernel_hashes_are_stable_and_tell_kernels_apart():
+    """`bench.lowered`, the check that a change leaves the GPU code alone: a call hashes
+    the same twice, another mask hashes differently, and a call the implementation
+    refuses is recorded as refused."""
+    grid = {
+        name: lowered._attention_call(impl, "bfloat16", q_len, 70, 64, mask)
+        for name, impl, q_len, mask in (
+            ("v2_causal", "pallas_v2", 3, dict(causal=True)),
+            ("v2_full", "pallas_v2", 3, {}),
+            ("mosaic_causal", "mosaic_v3", 3, dict(causal=True)),
+            ("decode_too_long", "pallas_decode", 40, {}),
+        )
+    }
+    first, second = lowered.hashes(grid), lowered.hashes(grid)
+    assert first == second
+    assert len(first["v2_causal"]) == len(first["mosaic_causal"]) == 1
+    assert first["v2_causal"] != first["v2_full"]
+    assert first["decode_too_long"].startswith("refused: Unsupported")
+    assert lowered.compare(first, {**second, "v2_full": first["v2_causal"]}) == ["v2_full"]
