@@ -153,6 +153,17 @@ def uniform_bounds(bounds, axis: int | None = None) -> jnp.ndarray:
     return jnp.stack([lo, full_lo, full_hi, hi], axis=-1)
 
 
+def bounds_at(bounds, tile, b, h=0):
+    """Tile ``tile``'s ``(lo, full_lo, full_hi, hi)`` in batch element ``b`` and head ``h``
+    from `MaskSpec.tile_bounds`' ``[1|batch, 1|heads, tiles, 4]`` (an array, or a kernel's
+    ref; None: None)."""
+    if bounds is None:
+        return None
+    b = b if bounds.shape[0] > 1 else 0
+    h = h if bounds.shape[1] > 1 else 0
+    return tuple(bounds[b, h, tile, i] for i in range(4))
+
+
 def _first_tile(index, n: int, block: int):
     """The tile of ``block`` that holds ``index`` (clipped to 0), or the number of tiles
     when ``index`` is past ``n``: the first tile a span visits from there."""

@@ -24,7 +24,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu  # the Pallas API of jax 0.10.2 to 0.12
 
 from jaxtile._core import Shape, pad_to
-from jaxtile.mask import MaskSpec, cdiv, uniform_bounds
+from jaxtile.mask import MaskSpec, bounds_at, cdiv, uniform_bounds
 
 # wgmma's rows per warpgroup, and the 128-byte swizzle's width in 2-byte elements: the
 # tiles' rows and the head dims are multiples of it (smaller head dims are zero-padded).
@@ -206,7 +206,7 @@ def key_spans(spec: MaskSpec, rows: int, block_k: int, t, b, bounds_ref=None, h=
     key tiles (`MaskSpec.kv_spans`, within the runtime ``bounds_ref [1|batch, 1|heads,
     tiles, 4]`` of `MaskSpec.tile_bounds` when given), the first of them and the number
     of steps."""
-    spans = spec.kv_spans(t, rows, block_k, tile_bounds(bounds_ref, t, b, h))
+    spans = spec.kv_spans(t, rows, block_k, bounds_at(bounds_ref, t, b, h))
     return spans, spans[0].start, spans[-1].stop - spans[0].start
 
 
@@ -398,17 +398,6 @@ def read_lengths(lengths_ref, b):
     if lengths_ref is None:
         return None
     return lengths_ref[b, 0], lengths_ref[b, 1]
-
-
-def tile_bounds(bounds_ref, tile, b, h=0):
-    """``(lo, full_lo, full_hi, hi)`` of ``tile`` in batch element ``b`` and head ``h`` from
-    `MaskSpec.tile_bounds`' ``[1|batch, 1|heads, tiles, 4]`` (None: None), read by each
-    thread."""
-    if bounds_ref is None:
-        return None
-    b = b if bounds_ref.shape[0] > 1 else 0
-    h = h if bounds_ref.shape[1] > 1 else 0
-    return tuple(bounds_ref[b, h, tile, i] for i in range(4))
 
 
 def step_tile(ring, slot, read=None):

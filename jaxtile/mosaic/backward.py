@@ -34,7 +34,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu  # the Pallas API of jax
 
 from jaxtile import _softmax as sm
 from jaxtile._core import Config, Inputs, Shape, bias_grad_dtype, pad_to
-from jaxtile.mask import MaskSpec
+from jaxtile.mask import MaskSpec, bounds_at
 from jaxtile.mosaic import _ring
 from jaxtile.mosaic._ring import CONSUMERS, SHARED_MEMORY, WGMMA_ROWS, along, padded, smem
 
@@ -391,7 +391,7 @@ def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int, roles
     share, b, wg = lax.axis_index("shares"), lax.axis_index("batch"), lax.axis_index("wg")
     h_kv = lax.div(share, jnp.int32(splits))
     j = lax.axis_index("kv_tiles")
-    spans = spec.q_spans(j, bq, keys, _ring.tile_bounds(bounds_ref, j, b, h_kv))
+    spans = spec.q_spans(j, bq, keys, bounds_at(bounds_ref, j, b, h_kv))
     first, per_head = spans[0].start, jnp.int32(spans[-1].stop - spans[0].start)
     group = dims.group // splits
     query_step = functools.partial(_ring.query_step, first=first, per_head=per_head, head0=share * group)

@@ -31,7 +31,7 @@ from jax.experimental.pallas import triton as plgpu
 from jaxtile import _softmax as sm
 from jaxtile._core import Config, Inputs, Shape, bias_grad_dtype
 from jaxtile._softmax import Logits
-from jaxtile.mask import MaskSpec, cdiv
+from jaxtile.mask import MaskSpec, bounds_at, cdiv
 from jaxtile.triton.tuning import KernelTuning
 
 MIN_BLOCK = 16  # the smallest tile Triton's dot accepts
@@ -337,15 +337,6 @@ def store_rows_stat(ref, b, h0, start, value, tiles: Tiles, length: int):
     plgpu.store(view, value.reshape(n, pack), mask=(start + _iota(n) < length)[:, None])
 
 
-def load_bounds(ref, b, h, tile):
-    """Tile ``tile``'s ``(lo, full_lo, full_hi, hi)`` from `MaskSpec.tile_bounds`'s
-    ``[1|batch, 1|heads, tiles, 4]``."""
-    zero = jnp.int32(0)
-    b = b if ref.shape[0] > 1 else zero
-    h = h if ref.shape[1] > 1 else zero
-    return tuple(ref[b, h, tile, i] for i in range(4))
-
-
 @dataclasses.dataclass(frozen=True)
 class RuntimeMask:
     """The runtime arrays of the mask (segment ids, dense mask, lengths, tile bounds) and
@@ -369,7 +360,7 @@ class RuntimeMask:
         if spec.bounds_from_lengths:
             bounds = spec.length_bounds(tile, block_q, block_k, *self.lengths_of(b), transposed=along_q)
         else:
-            bounds = None if self.bounds is None else load_bounds(self.bounds, b, h, tile)
+            bounds = bounds_at(self.bounds, tile, b, h)
         if along_q:
             return spec.q_spans(tile, block_q, block_k, bounds)
         return spec.kv_spans(tile, block_q, block_k, bounds)
