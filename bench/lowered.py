@@ -30,6 +30,7 @@ from jax._src.pallas.triton import pallas_call_registration as triton_registrati
 import jaxtile
 import jaxtile.api
 from jaxtile import registry
+from jaxtile._core import HOPPER_SMS
 from jaxtile.mosaic import _ring, v3
 from jaxtile.triton import _kernel as pk
 
@@ -76,8 +77,8 @@ def _as_on_hopper(kernels: list[str]):
         for target, name, value in (
             (jaxtile.api, "_platform", lambda x: "gpu"),
             (v3, "_hopper", lambda: True),
-            (_ring, "multiprocessors", lambda: pk.HOPPER_SMS),
-            (pk, "sm_count", lambda platform: pk.HOPPER_SMS),
+            (_ring, "multiprocessors", lambda: HOPPER_SMS),
+            (pk, "sm_count", lambda platform: HOPPER_SMS),
             (pk, "shared_memory_limit", lambda platform: hopper),
             (triton_registration.lowering, "lower_jaxpr_to_triton_module", triton),
             (mosaic_registration.lowering, "lower_pipelined_jaxpr_to_module", mosaic),

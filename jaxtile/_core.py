@@ -21,6 +21,11 @@ import jax.numpy as jnp
 from jaxtile._softmax import Logits
 from jaxtile.mask import MaskSpec
 
+# Hopper (an H100 SXM or H200), what the kernels plan for where no GPU answers: its
+# streaming multiprocessors, and the shared memory a thread block may opt into (sm_90).
+HOPPER_SMS = 132
+HOPPER_SHARED_MEMORY = 232448
+
 
 class Inputs(NamedTuple):
     """Canonical arrays: one batch dimension, sequence before heads.

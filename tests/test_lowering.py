@@ -17,6 +17,7 @@ import jaxtile
 import jaxtile.api
 from bench import lowered
 from jaxtile import registry
+from jaxtile._core import HOPPER_SMS
 from jaxtile.triton import _kernel as pk
 
 TRITON = [i for i in registry.implementations() if i.family == "triton"]
@@ -34,7 +35,7 @@ S = jax.ShapeDtypeStruct
 def verified_modules(monkeypatch):
     """Lowers as on a Hopper GPU; yields the list of Triton modules lowered, each verified."""
     monkeypatch.setattr(jaxtile.api, "_platform", lambda x: "gpu")
-    monkeypatch.setattr(pk, "sm_count", lambda platform: pk.HOPPER_SMS)
+    monkeypatch.setattr(pk, "sm_count", lambda platform: HOPPER_SMS)
     hopper = pk.shared_memory_limit("cpu")  # off the GPU: Hopper's
     monkeypatch.setattr(pk, "shared_memory_limit", lambda platform: hopper)
     lower = registration.lowering.lower_jaxpr_to_triton_module

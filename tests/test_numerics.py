@@ -35,7 +35,7 @@ DECODE_KV = 512
 
 
 def _decode(impl, case: Case, **changes) -> Case:
-    return case.decode_sized(impl.max_q_len, DECODE_KV, **changes)
+    return case.decode_sized(impl.max_q_len, changes.pop("kv_len", DECODE_KV), **changes)
 
 
 def test_decode_variants_split_the_keys():

@@ -23,7 +23,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu  # the Pallas API of jax 0.10.2 to 0.12
 
-from jaxtile._core import Shape, pad_to
+from jaxtile._core import HOPPER_SHARED_MEMORY, HOPPER_SMS, Shape, pad_to
 from jaxtile.mask import MaskSpec, bounds_at, cdiv, uniform_bounds
 
 # wgmma's rows per warpgroup, and the 128-byte swizzle's width in 2-byte elements: the
@@ -33,7 +33,7 @@ WGMMA_ROWS = 64
 # (`mosaic_bytes`, the forward's model); and the backward's budget for its tiles counted
 # unrounded (`BackwardTuning.shared_memory`), less a margin for what Mosaic adds to them
 # (2 KiB, 8 bytes a barrier, each tile's rounding up to 1 KiB).
-BLOCK_SHARED_MEMORY = 232448
+BLOCK_SHARED_MEMORY = HOPPER_SHARED_MEMORY
 SHARED_MEMORY = BLOCK_SHARED_MEMORY - 4096
 # Consumer warpgroups per program, and registers per thread of a consumer and of the
 # producer (65536 per block, 128 threads per warpgroup: two consumers at 240 leave the
@@ -339,12 +339,12 @@ def tile_order(spec: MaskSpec, bounds, batch: int, rows: int, block_k: int) -> j
 
 @functools.cache
 def multiprocessors() -> int:
-    """Streaming multiprocessors of this machine's first GPU (132 on an H100 or H200 SXM,
-    where no GPU answers)."""
+    """Streaming multiprocessors of this machine's first GPU (Hopper's where no GPU
+    answers)."""
     try:
         return jax.devices("gpu")[0].core_count
     except (RuntimeError, AttributeError):
-        return 132
+        return HOPPER_SMS
 
 
 def runtime_operands(inputs, spec: MaskSpec, q_len: int, kv_len: int, rows: int, keys: int, transposed: bool = False):
@@ -411,10 +411,10 @@ def step_tile(ring, slot, read=None):
     return value
 
 
-def step_ids(ring, slot, masked: bool, axis: int):
+def step_ids(ring, slot, masked: bool):
     """The segment ids ``[n]`` of this step's tile from their ``ring`` (`step_tile`), laid
-    along ``axis`` of a ``wgmma`` tile when the step is ``masked``, else None."""
-    return step_tile(ring, slot, functools.partial(load_stat, axis=axis) if masked else None)
+    along the columns of a ``wgmma`` tile when the step is ``masked``, else None."""
+    return step_tile(ring, slot, functools.partial(load_stat, axis=1) if masked else None)
 
 
 def dense_tiles(spec: MaskSpec, num_stages: int, rows: int, block_k: int):
@@ -614,7 +614,7 @@ def _last_ids(ring, operands: int, slot, masked: bool):
     along the columns (None where the ring has no such stream)."""
     if len(ring.refs) == operands:
         return None
-    return step_ids((ring.tiles[operands], ring.ready[operands], ring.free[operands]), slot, masked, 1)
+    return step_ids((ring.tiles[operands], ring.ready[operands], ring.free[operands]), slot, masked)
 
 
 def ring_barriers(tiles, consumers: int = CONSUMERS):

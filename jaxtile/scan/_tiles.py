@@ -76,11 +76,11 @@ class Tiled(NamedTuple):
     bias: jax.Array | None
 
 
-def q_heads_first(x, num_kv_heads: int, padded: int, value=0):
-    """``[batch, len, heads, ...]`` -> ``[batch, kv_heads, group, padded, ...]``."""
+def q_heads_first(x, num_kv_heads: int, padded: int):
+    """``[batch, len, heads, ...]`` -> ``[batch, kv_heads, group, padded, ...]`` (zero-padded)."""
     b, n, h, *rest = x.shape
     x = x.reshape(b, n, num_kv_heads, h // num_kv_heads, *rest)
-    return pad_to(jnp.moveaxis(x, 1, 3), 3, padded, value)
+    return pad_to(jnp.moveaxis(x, 1, 3), 3, padded)
 
 
 def q_seq_last(x, num_kv_heads: int, padded: int, value=0):

@@ -29,7 +29,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from jaxtile import _softmax as sm
-from jaxtile._core import Config, Inputs, Shape, bias_grad_dtype
+from jaxtile._core import HOPPER_SHARED_MEMORY, HOPPER_SMS, Config, Inputs, Shape, bias_grad_dtype
 from jaxtile._softmax import Logits
 from jaxtile.mask import MaskSpec, bounds_at, cdiv
 from jaxtile.triton.tuning import KernelTuning
@@ -49,21 +49,17 @@ def _pow2_factor(n: int) -> int:
 
 # Shared memory per thread block that a kernel may ask for, by compute capability (CUDA's
 # opt-in maximum); Hopper's where the device is unknown (interpret mode lowers for it).
-_SHARED_MEMORY = {(8, 0): 166912, (8, 7): 166912, (9, 0): 232448, (10, 0): 232448}
+_SHARED_MEMORY = {(8, 0): 166912, (8, 7): 166912, (9, 0): HOPPER_SHARED_MEMORY, (10, 0): HOPPER_SHARED_MEMORY}
 _SHARED_MEMORY_OTHER = 101376  # sm_86, sm_89, sm_120
 
 
 def shared_memory_limit(platform: str) -> int:
     """Bytes of shared memory one program may use on this process's first GPU."""
     if platform != "gpu":
-        return _SHARED_MEMORY[(9, 0)]
+        return HOPPER_SHARED_MEMORY
     capability = getattr(jax.devices("gpu")[0], "compute_capability", "9.0")
     major, minor = (int(x) for x in str(capability).split("."))
     return _SHARED_MEMORY.get((major, minor), _SHARED_MEMORY_OTHER)
-
-
-# Streaming multiprocessors of an H100 SXM or H200: what interpret mode plans for.
-HOPPER_SMS = 132
 
 
 def sm_count(platform: str) -> int:

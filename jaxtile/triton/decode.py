@@ -26,7 +26,7 @@ import jax.numpy as jnp
 
 from jaxtile import _softmax as sm
 from jaxtile import registry
-from jaxtile._core import AUTOTUNE, Config, Inputs, Shape
+from jaxtile._core import AUTOTUNE, HOPPER_SMS, Config, Inputs, Shape
 from jaxtile.mask import cdiv
 from jaxtile.triton import _kernel as pk
 from jaxtile.triton import tuning as tn
@@ -185,7 +185,7 @@ def _memory(shape: Shape, block_q, block_k, backward: bool) -> tuple[int, int]:
     key tiles of ``block_k`` (16, the fewest keys, if None)."""
     residuals, temporaries = pk.memory(shape, fa1=False, backward=backward)
     kv_tiles = cdiv(shape.kv_len, block_k or pk.MIN_BLOCK)
-    shares = _shares(shape.batch * shape.num_kv_heads, kv_tiles, pk.HOPPER_SMS, paged=True)
+    shares = _shares(shape.batch * shape.num_kv_heads, kv_tiles, HOPPER_SMS, paged=True)
     partial = shape.q_bytes(shape.head_dim_v, 4) + shape.batch * shape.num_heads * shape.q_len * 4
     return residuals, max(temporaries, (shares + 1) * partial if shares > 1 else 0)
 
