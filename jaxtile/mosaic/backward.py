@@ -189,24 +189,26 @@ def _products(*products, meanwhile: Callable | None = None):
 
 def _rounded(ds, dtype):
     """``dS`` rounded to ``dtype`` for ``wgmma`` (lines 15-16), and the factor per row its
-    product must be divided by (None: 1). In float16, each row whose magnitude exceeds
+    product must be multiplied by (None: 1). In float16, each row whose magnitude exceeds
     ``2**15`` is scaled to exactly that peak first (``|dS|`` can exceed float16's 65504
-    where dQ and dK do not); the Triton kernels scale such rows by a power of two."""
+    where dQ and dK do not; the Triton kernels scale such rows by a power of two). Only
+    the rows' factors are divided: a division per element costs several instructions
+    where a product costs one."""
     if dtype != jnp.float16:
         return ds.astype(dtype), None
     peak = jnp.max(jnp.abs(ds), axis=1)
-    inv_scale = jnp.where(peak > 2.0**15, 2.0**15 / peak, 1.0)
-    return (ds * along(inv_scale, ds.shape, 0)).astype(dtype), inv_scale
+    scale = jnp.where(peak > 2.0**15, peak * 2.0**-15, 1.0)
+    return (ds * along(1.0 / scale, ds.shape, 0)).astype(dtype), scale
 
 
-def _accumulator(acc, inv_scale):
+def _accumulator(acc, scale):
     """What `_products` accumulates ``dS @ x`` into: ``acc`` itself, or with a scaled
     ``dS`` a fresh one (`_unscaled` adds it)."""
-    return acc if inv_scale is None else None
+    return acc if scale is None else None
 
 
-def _unscaled(acc, product, inv_scale):
-    return product if inv_scale is None else acc + product / along(inv_scale, product.shape, 0)
+def _unscaled(acc, product, scale):
+    return product if scale is None else acc + product * along(scale, product.shape, 0)
 
 
 def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning, roles: bool):
@@ -297,11 +299,11 @@ def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning, roles: bool):
             if logits.bias:  # written while the tensor cores take dQ's product
                 store = functools.partial(store_bias_grad, ds, j)
                 ds = ds * logits.scale
-            ds, inv_scale = _rounded(ds, k_ref.dtype)
+            ds, scale = _rounded(ds, k_ref.dtype)
             # Line 15: dQ_i += dS_ij K_j.
-            (product,) = _products((_accumulator(dq_i, inv_scale), ds, k_j), meanwhile=store)
+            (product,) = _products((_accumulator(dq_i, scale), ds, k_j), meanwhile=store)
             plgpu.barrier_arrive(k_free.at[slot])
-            return _unscaled(dq_i, product, inv_scale)
+            return _unscaled(dq_i, product, scale)
 
         def span_steps(span, dq_i):
             if not roles:
@@ -442,17 +444,17 @@ def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int, roles
             delta = None if role == "dv" else _ring.load_stat(delta_smem.at[slot], 1)
             plgpu.barrier_arrive(delta_free.at[slot])
             # Lines 12 and 16: dV_j += Pᵀ dO_i, dK_j += dSᵀ Q_i.
-            products, inv_scale = [], None
+            products, scale = [], None
             if role != "dk":
                 products.append((dv_j, p_t.astype(q_ref.dtype), do_i))
             if role != "dv":
-                ds_t, inv_scale = _rounded(_scores_grad(p_t, *dp_t, delta, pre_t, logits, visible, 1), q_ref.dtype)
-                products.append((_accumulator(dk_j, inv_scale), ds_t, q_i))
+                ds_t, scale = _rounded(_scores_grad(p_t, *dp_t, delta, pre_t, logits, visible, 1), q_ref.dtype)
+                products.append((_accumulator(dk_j, scale), ds_t, q_i))
             results = _products(*products)
             plgpu.barrier_arrive(do_free.at[slot])
             plgpu.barrier_arrive(q_free.at[slot])
             dv_j = dv_j if role == "dk" else results[0]
-            dk_j = dk_j if role == "dv" else _unscaled(dk_j, results[-1], inv_scale)
+            dk_j = dk_j if role == "dv" else _unscaled(dk_j, results[-1], scale)
             return dk_j, dv_j
 
         def one_head(g, carry):

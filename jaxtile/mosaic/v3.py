@@ -380,10 +380,12 @@ def _kernel(*refs, spec: MaskSpec, logits: sm.Logits, dims: Shape, tuning: Tunin
             if persistent:  # a tile with no steps loads the next one's queries here
                 pl.when(steps == 0)(load_next)
             acc, m_i, l_i = carry
-            # Lines 12-13: O_i = diag(l_i)^-1 O_i, L_i = m_i + log2(l_i) (natural log out).
+            # Lines 12-13: O_i = diag(l_i)^-1 O_i, L_i = m_i + log2(l_i) (natural log out);
+            # one reciprocal a row, where a division an element costs several instructions.
             empty = l_i == 0.0
-            out = acc / along(jnp.where(empty, 1.0, l_i), acc.shape, 0)
-            lse = jnp.where(empty, -jnp.inf, (m_i + jnp.log2(jnp.where(empty, 1.0, l_i))) * sm.LN2)
+            l_i = jnp.where(empty, 1.0, l_i)
+            out = acc * along(1.0 / l_i, acc.shape, 0)
+            lse = jnp.where(empty, -jnp.inf, (m_i + jnp.log2(l_i)) * sm.LN2)
             if persistent:  # the last tile's output has left shared memory
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)
             o_tile = q_tile if o_smem is None else o_smem.at[wg]  # the queries' tile, when it fits
