@@ -50,10 +50,11 @@ class Error:
     note: str = ""
 
 
-def tolerance(dtype: str, max_abs_lse: float) -> Tolerance:
-    """The dtype's tolerance, widened for the conditioning of logits of size ``max|lse|``."""
+def tolerance(dtype: str, lse: np.ndarray) -> Tolerance:
+    """The dtype's tolerance, widened for the conditioning of logits of the size of the
+    reference's largest finite ``|lse|`` (``lse``: any shape; ``-inf`` rows see no key)."""
     base = TOLERANCES[dtype]
-    slack = LOGIT_SLACK * UNIT_ROUNDOFF_F32 * max_abs_lse
+    slack = LOGIT_SLACK * UNIT_ROUNDOFF_F32 * float(np.abs(lse[np.isfinite(lse)]).max(initial=0.0))
     return Tolerance(base.rel_l2 + slack, base.max_err + slack)
 
 

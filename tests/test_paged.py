@@ -188,16 +188,11 @@ def _paged(arrays: dict, **options):
     )
 
 
-def _tolerance(dtype: str, lse: np.ndarray):
-    """``dtype``'s tolerance for the largest finite ``|lse|`` of the reference."""
-    return tolerance(dtype, float(np.abs(lse[np.isfinite(lse)]).max(initial=0.0)))
-
-
 def _check(case: Paged, arrays: dict, out, lse) -> None:
     """``out``, ``lse`` against the float64 reference within the dtype's tolerance; rows
     that see no key exactly 0 and ``-inf``."""
     expected_out, expected_lse = _expected(case, arrays)
-    tol = _tolerance(case.dtype, expected_lse)
+    tol = tolerance(case.dtype, expected_lse)
     assert lse.dtype == jnp.float32
     out, lse = np.asarray(out, np.float64), np.asarray(lse)
     for name, got, want in (("out", out, expected_out), ("lse", lse, expected_lse)):
@@ -396,7 +391,7 @@ def test_gradients_match_float64_reference(impl):
         lse.isinf(), 0.0, lse * torch.from_numpy(dlse)
     ).sum()
     torch_loss.backward()
-    tol = _tolerance(case.dtype, lse.detach().numpy())
+    tol = tolerance(case.dtype, lse.detach().numpy())
     for name, g, w in zip(("dq", "dk_pages", "dv_pages"), got, primals):
         error = compare(np.asarray(g), w.grad.numpy(), tol)
         assert error.ok, f"{name}: {error} (tolerance {tol})"
