@@ -267,6 +267,13 @@ class MaskSpec:
         return self.has_segments or self.has_dense_mask
 
     @property
+    def heaviest_last(self) -> bool:
+        """True when a right bound makes the last query tiles see the most keys (causal
+        and causal windows): kernels launch the query tiles last to first, so the
+        programs that start last are short."""
+        return self.right is not None
+
+    @property
     def bounds_from_lengths(self) -> bool:
         """True when lengths are the mask's only runtime part: a kernel can form a tile's
         bounds from its sequence's two lengths (`length_bounds`) instead of reading

@@ -196,9 +196,9 @@ def produce(steps, num_stages: int, streams: Sequence[Stream], done=0, each: Cal
 
 
 def query_tile(spec: MaskSpec, q_tiles: int, t):
-    """The query tile that grid index ``t`` runs: heaviest first where the mask bounds keys
-    on the right (so the last to start are short), as the Triton kernels."""
-    return t if spec.right is None else q_tiles - 1 - t
+    """The query tile that grid index ``t`` runs: last to first where they are the
+    heaviest (`MaskSpec.heaviest_last`), as the Triton kernels."""
+    return q_tiles - 1 - t if spec.heaviest_last else t
 
 
 def key_spans(spec: MaskSpec, rows: int, block_k: int, t, b, bounds_ref=None, h=0):

@@ -104,7 +104,7 @@ def _forward_kernel(*refs, kernel: pk.Kernel, splits: int, pages: pk.Pages | Non
     )
     spec, logits, dims, tiles = kernel.config.mask, kernel.config.logits, kernel.dims, kernel.tiles
     n, bk = tiles.positions, tiles.block_k
-    t, part, hb = pk.program_ids(tiles.num_q_tiles(dims), dims.num_heads // tiles.pack, spec.right is not None)
+    t, part, hb = pk.program_ids(tiles.num_q_tiles(dims), dims.num_heads // tiles.pack, spec.heaviest_last)
     # Outputs are [splits * batch, ...]: this program writes row `part` of its share.
     b, share = (lax.rem(part, np.int32(dims.batch)), lax.div(part, np.int32(dims.batch))) if splits > 1 else (part, 0)
     h0 = hb * tiles.pack
@@ -289,7 +289,7 @@ def _dq_kernel(*refs, kernel: pk.Kernel):
     )
     spec, logits, dims, tiles = kernel.config.mask, kernel.config.logits, kernel.dims, kernel.tiles
     n, bk = tiles.positions, tiles.block_k
-    t, b, hb = pk.program_ids(tiles.num_q_tiles(dims), dims.num_heads // tiles.pack, spec.right is not None)
+    t, b, hb = pk.program_ids(tiles.num_q_tiles(dims), dims.num_heads // tiles.pack, spec.heaviest_last)
     h0 = hb * tiles.pack
     h_kv = lax.div(h0, np.int32(dims.group))
     q_start = t * n
