@@ -268,9 +268,10 @@ class MaskSpec:
 
     @property
     def heaviest_last(self) -> bool:
-        """True when a right bound makes the last query tiles see the most keys (causal
-        and causal windows): kernels launch the query tiles last to first, so the
-        programs that start last are short."""
+        """True when the mask bounds keys on the right (causal masks, windows with a right
+        side): each query row then sees at least as many keys as the rows before it, until
+        a left bound caps them, so kernels launch the query tiles last to first and the
+        short ones start last (with no right bound, the first rows see the most)."""
         return self.right is not None
 
     @property

@@ -121,6 +121,28 @@ def test_only_segment_ids_and_dense_masks_mask_single_elements():
         assert spec.masks_elements == expected, runtime
 
 
+def _one_sided(q_len, kv_len, causal, window, *_) -> bool:
+    """Whether the mask bounds keys on one side at most (the rows' key counts are then
+    monotone)."""
+    spec = MaskSpec.create(q_len, kv_len, causal=causal, window=window)
+    return spec.left is None or spec.right is None
+
+
+ONE_SIDED = [c for c in ALIGNED if _one_sided(*c)]
+
+
+@pytest.mark.parametrize("q_len,kv_len,causal,window,bq,bk,top_left", ONE_SIDED)
+def test_heaviest_last_launches_the_short_query_rows_last(q_len, kv_len, causal, window, bq, bk, top_left):
+    """Kernels launch query tiles last to first where `MaskSpec.heaviest_last`: in launch
+    order, each row sees at most as many keys as the rows launched before it (counted
+    by definition)."""
+    spec = MaskSpec.create(q_len, kv_len, causal=causal, window=window, top_left=top_left)
+    keys = np.arange(kv_len)[None, :]
+    seen = _in_window(_positions(spec, q_len, kv_len), keys, causal, window).sum(axis=1)
+    launched = seen[::-1] if spec.heaviest_last else seen
+    assert (np.diff(launched) <= 0).all(), seen
+
+
 def test_bottom_right_alignment():
     spec = MaskSpec.create(2, 5, causal=True)
     np.testing.assert_array_equal(_visible(spec), [[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]])
