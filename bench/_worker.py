@@ -93,6 +93,50 @@ def time_batches(
     return Timing(statistics.median(samples), min(samples), max(samples), len(samples) * calls, timer)
 
 
+def time_rounds(
+    calls: dict[str, Callable[[], object]], sync: Callable[[object], object], budget_s: float, *, rounds: int = 10
+) -> dict[str, Timing]:
+    """Times ``calls`` against each other, interleaved: after two warm-up calls of each
+    (each followed by ``sync``; the second estimates its cost), up to ``rounds`` rounds
+    (at least 3; fewer where the slowest call would take more than ``budget_s`` in all)
+    each time one batch of every call in turn, ending in one ``sync``. A call's batches
+    hold up to 20 calls, sized so that together they take about ``budget_s``.
+
+    Whatever drifts while a process runs (clocks, temperature, the host) then falls on
+    every call alike; timing one call's batches after another's put the drift between
+    them, and two runs of identical kernels read ratios 3-5% apart (`bench.decode` on an
+    H200, `bench/NOTES.md`)."""
+    estimates = {}
+    for name, call in calls.items():
+        for _ in range(2):
+            start = time.perf_counter()
+            sync(call())
+            estimates[name] = max(time.perf_counter() - start, 1e-6)
+    rounds = max(3, min(rounds, int(budget_s / max(estimates.values(), default=1.0))))
+    sizes = {name: max(1, min(20, int(budget_s / (rounds * estimate)))) for name, estimate in estimates.items()}
+    samples = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            out = None
+            start = time.perf_counter()
+            for _ in range(sizes[name]):
+                out = None  # drop the previous result before the next call allocates its own
+                out = call()
+            sync(out)
+            samples[name].append((time.perf_counter() - start) / sizes[name] * 1e3)
+    others = len(calls) - 1
+    return {
+        name: Timing(
+            statistics.median(ms),
+            min(ms),
+            max(ms),
+            rounds * sizes[name],
+            f"{rounds} rounds of {sizes[name]} calls, interleaved with {others} other call{'s' * (others != 1)}",
+        )
+        for name, ms in samples.items()
+    }
+
+
 def serve(measure: Callable[[dict, dict], dict]) -> None:
     """Runs ``measure(task, request)`` on each task from stdin; see the module doc."""
     protocol = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)

@@ -2,16 +2,16 @@
 
 ``python -m bench.check`` times jaxtile's default implementation and a peer on a fixed set
 of shapes — the standard grid's rows at 4K and 16K tokens, causal and not, head dims 64
-and 128; GQA, MQA, sliding windows, packed documents, head dim 256 (MHA and MQA), sinks, a learned
-bias, a causal mask passed as a dense array (recognised, and not) — forward and
-forward+backward, in this one
-process on this one GPU, and prints the ratio ``peer time / jaxtile time`` beside the
-floor committed in ``bench/floors.json``. It
-exits with status 1 if any ratio is below its floor, so that a slower kernel cannot land
-unnoticed. The peer is cuDNN (``jax.nn.dot_product_attention(implementation="cudnn")``)
-where it expresses the case; packed documents are held to the same documents run as
-separate sequences of a batch (the cost of the packing itself). tokamax's Mosaic GPU
-kernel, when importable, is timed too and reported, not gated.
+and 128; GQA, MQA, sliding windows, packed documents, head dim 256 (MHA and MQA), sinks,
+a learned bias, a causal mask passed as a dense array (recognised, and not) — forward and
+forward+backward, in this one process on this one GPU, the calls of one row in
+interleaved rounds (`_worker.time_rounds`), and prints the ratio ``peer time / jaxtile
+time`` beside the floor committed in ``bench/floors.json``. It exits with status 1 if any
+ratio is below its floor, so that a slower kernel cannot land unnoticed. The peer is
+cuDNN (``jax.nn.dot_product_attention(implementation="cudnn")``) where it expresses the
+case; packed documents are held to the same documents run as separate sequences of a
+batch (the cost of the packing itself). tokamax's Mosaic GPU kernel, when importable, is
+timed too and reported, not gated.
 
 The results file records the jaxtile commit, whether the tree was dirty, and the
 ``jaxtile.__file__`` that was imported, so a number always says what it measured::
@@ -33,6 +33,7 @@ import json
 import math
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import jax
@@ -229,19 +230,26 @@ def _inputs(shape: Shape, mode: str):
     return primals, _dense_mask(shape), dout
 
 
-def time_jitted(fn, args, budget_s: float) -> _worker.Timing:
-    """``jax.jit(fn)(*args)``, compiled once, timed after warm-up (`_worker.time_batches`)."""
+def compiled_call(fn, args) -> Callable[[], object]:
+    """``jax.jit(fn)(*args)`` as a call of no arguments: compiled once (Triton's
+    deprecation warning filtered) and called once, so that a call that cannot run raises
+    here, not while it is timed."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*Triton.*", category=DeprecationWarning)
         compiled = jax.jit(fn).lower(*args).compile()
-    return _worker.time_batches(lambda: compiled(*args), jax.block_until_ready, budget_s)
+    jax.block_until_ready(compiled(*args))
+    return functools.partial(compiled, *args)
 
 
-def _timed(attend, shape: Shape, mode: str, budget_s: float) -> dict:
-    """Median milliseconds of ``attend`` (forward, or forward+backward under a random
-    cotangent, differentiated in every input), compiled once, after warm-up; or the
-    error it raised."""
-    primals, mask, dout = _inputs(shape, mode)
+def time_jitted(fn, args, budget_s: float) -> _worker.Timing:
+    """``jax.jit(fn)(*args)``, compiled once, timed after warm-up (`_worker.time_batches`)."""
+    return _worker.time_batches(compiled_call(fn, args), jax.block_until_ready, budget_s)
+
+
+def _runnable(attend, mode: str, inputs) -> Callable[[], object]:
+    """`compiled_call` of ``attend`` on ``inputs`` (`_inputs`): forward, or
+    forward+backward under their cotangent, differentiated in every input."""
+    primals, mask, dout = inputs
 
     def fn(mask, dout, *primals):
         if dout is None:
@@ -249,11 +257,28 @@ def _timed(attend, shape: Shape, mode: str, budget_s: float) -> dict:
         out, vjp = jax.vjp(lambda *p: attend(*p, mask=mask), *primals)
         return out, *vjp(dout)
 
-    try:
-        timing = time_jitted(fn, [mask, dout, *primals], budget_s)
-    except Exception as exc:  # recorded, and a missing jaxtile number fails the check
-        return dict(error=_worker.failure(exc)["error"])
-    return dict(ms=timing.ms, ms_lo=timing.ms_lo, ms_hi=timing.ms_hi, tflops=shape.flops(mode) / timing.ms / 1e9)
+    return compiled_call(fn, [mask, dout, *primals])
+
+
+def _timed_together(attends: dict, shape: Shape, mode: str, budget_s: float) -> dict[str, dict]:
+    """Median milliseconds (and TFLOP/s) of each of ``attends`` (``{name: attend}``) on the
+    same inputs, compiled once and timed against each other in interleaved rounds
+    (`_worker.time_rounds`); or the error one raised compiling or running."""
+    inputs = _inputs(shape, mode)
+    calls, results = {}, {}
+    for name, attend in attends.items():
+        try:
+            calls[name] = _runnable(attend, mode, inputs)
+        except Exception as exc:  # recorded, and a missing jaxtile number fails the check
+            results[name] = dict(error=_worker.failure(exc)["error"])
+    for name, t in _worker.time_rounds(calls, jax.block_until_ready, budget_s).items():
+        results[name] = dict(ms=t.ms, ms_lo=t.ms_lo, ms_hi=t.ms_hi, tflops=shape.flops(mode) / t.ms / 1e9)
+    return {name: results[name] for name in attends}
+
+
+def _timed(attend, shape: Shape, mode: str, budget_s: float) -> dict:
+    """`_timed_together` of ``attend`` alone."""
+    return _timed_together({"attend": attend}, shape, mode, budget_s)["attend"]
 
 
 def timed_passes(variants: dict, shape: Shape, mode: str, passes: int = 2, budget_s: float = 0.5) -> dict:
@@ -288,9 +313,7 @@ def run(shapes, modes, budget_s: float, floors: dict, on_row=None) -> list[dict]
         peers = {name: attend for name, attend in peers.items() if attend is not None}
         for mode in modes:
             row = dict(case=shape.name, mode=mode, shape=dataclasses.asdict(shape), flops=shape.flops(mode))
-            row["jaxtile"] = _timed(_jaxtile(shape), shape, mode, budget_s)
-            for name, attend in peers.items():
-                row[name] = _timed(attend, shape, mode, budget_s)
+            row.update(_timed_together({"jaxtile": _jaxtile(shape), **peers}, shape, mode, budget_s))
             row["peer"] = shape.peer
             mine, theirs = row["jaxtile"].get("ms"), row.get(shape.peer, {}).get("ms")
             row["ratio"] = theirs / mine if mine and theirs else None

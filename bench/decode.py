@@ -13,11 +13,12 @@ pallas_decode with each of its autotuning candidates, and with ``--splits`` with
 `SPLITS` shares of the cache, on every layout (on paged ones through
 ``paged_attention(..., tuning=)``, in place of the tiles and shares it takes for pages).
 
-Each row reports the median ms, the bytes a decode step must move (q, the output, and K
-and V of the filled cache once), GB/s and its fraction of the copy bandwidth, the speed
-relative to cuDNN (cuDNN's time over this one; on paged layouts cuDNN's ragged time) and,
-on paged layouts, relative to the same implementation (or variant) on the ragged
-contiguous cache.
+A case's calls on every layout are timed against each other in interleaved rounds
+(`bench._worker.time_rounds`). Each row reports the median ms, the bytes a decode step
+must move (q, the output, and K and V of the filled cache once), GB/s and its fraction of
+the copy bandwidth, the speed relative to cuDNN (cuDNN's time over this one; on paged
+layouts cuDNN's ragged time) and, on paged layouts, relative to the same implementation
+(or variant) on the ragged contiguous cache.
 jaxtile's default is held to the issue's targets — q_len 1: at least 0.85 of the copy
 bandwidth and 1.0× cuDNN; longer queries: 1.2× cuDNN; paged: within 10% of contiguous —
 printed beside the numbers; ``--strict`` exits with status 1 if one is missed::
@@ -36,7 +37,7 @@ import datetime
 import functools
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from pathlib import Path
 
 import jax
@@ -46,7 +47,7 @@ import numpy as np
 
 import jaxtile
 from bench import _worker
-from bench.check import load_tokamax, time_jitted
+from bench.check import compiled_call, load_tokamax, time_jitted
 from bench.probe import git_state
 from jaxtile.triton import decode
 from jaxtile.triton.tuning import Tuning
@@ -189,13 +190,19 @@ def _arguments(case: Case, layout: str, q, k, v, kv_lengths: np.ndarray) -> tupl
     return q, _to_pages(k, table), _to_pages(v, table), jnp.asarray(table), jnp.asarray(kv_lengths)
 
 
-def _timed(attend: Callable, args: tuple, budget_s: float) -> dict:
-    """The median ms of ``attend(*args)`` and its spread, or why it failed."""
-    try:
-        timing = time_jitted(attend, args, budget_s)
-    except Exception as exc:  # recorded in the row
-        return _worker.failure(exc)
-    return dict(status="ok", ms=timing.ms, ms_lo=timing.ms_lo, ms_hi=timing.ms_hi)
+def _timed_together(calls: dict[Hashable, tuple[Callable, tuple]], budget_s: float) -> dict[Hashable, dict]:
+    """The median ms and spread of each of ``calls`` (``{key: (attend, args)}``), compiled
+    once and timed against each other in interleaved rounds (`_worker.time_rounds`); or
+    why one failed compiling or running."""
+    runnable, results = {}, {}
+    for key, (attend, args) in calls.items():
+        try:
+            runnable[key] = compiled_call(attend, args)
+        except Exception as exc:  # recorded in the row
+            results[key] = _worker.failure(exc)
+    for key, t in _worker.time_rounds(runnable, jax.block_until_ready, budget_s).items():
+        results[key] = dict(status="ok", ms=t.ms, ms_lo=t.ms_lo, ms_hi=t.ms_hi)
+    return {key: results[key] for key in calls}
 
 
 def _goals(row: dict) -> dict[str, float]:
@@ -223,7 +230,7 @@ def _ratio(theirs: float | None, mine: float | None) -> float | None:
 
 def _row(case: Case, layout: str, impl: str, timing: dict, nbytes: int, copy_gbs: float, ms: dict) -> dict:
     """One measurement with its bandwidth and ratios; ``ms[(layout, impl)]`` holds the
-    times measured before it (cuDNN's, and the ragged rows for a paged one)."""
+    case's times (cuDNN's, and the ragged rows for a paged one)."""
     row = dict(case=case.name, layout=layout, impl=impl, **dataclasses.asdict(case), bytes=nbytes, **timing)
     if "error" in row and (impl == "cudnn" or impl.startswith("tokamax.")):  # a peer that cannot run here
         row["status"] = "unsupported"
@@ -240,24 +247,26 @@ def _row(case: Case, layout: str, impl: str, timing: dict, nbytes: int, copy_gbs
 
 
 def run(cases, impls, budget_s: float, copy_gbs: float, tokamax=None, emit=print, variants=None) -> list[dict]:
-    """Every case, layout and implementation, timed; ``emit`` gets each row's table line."""
+    """Every case, layout and implementation, timed: a case's calls on every layout
+    against each other, so that the ratios between them (to cuDNN, to the contiguous
+    cache) come from interleaved rounds; ``emit`` gets each row's table line."""
     rows = []
     for case in cases:
         q, k, v = _inputs(case)
         ragged = _kv_lengths(case)
-        ms = {}
-        for layout in LAYOUTS:
-            kv_lengths = np.full(case.batch, case.kv_len) if layout == "dense" else ragged
-            args = _arguments(case, layout, q, k, v, kv_lengths)
-            timings = {
-                impl: _timed(attend, args, budget_s)
-                for impl, attend in _attends(layout, impls, tokamax, variants).items()
-            }
-            ms.update({(layout, impl): t["ms"] for impl, t in timings.items() if "ms" in t})
-            for impl, timing in timings.items():
-                rows.append(_row(case, layout, impl, timing, case.moved_bytes(kv_lengths), copy_gbs, ms))
-                emit(_table_row(rows[-1]))
-            del args  # the paged copies, before the next layout makes its own
+        lengths = {layout: np.full(case.batch, case.kv_len) if layout == "dense" else ragged for layout in LAYOUTS}
+        arguments = {layout: _arguments(case, layout, q, k, v, lengths[layout]) for layout in LAYOUTS}
+        calls = {
+            (layout, impl): (attend, arguments[layout])
+            for layout in LAYOUTS
+            for impl, attend in _attends(layout, impls, tokamax, variants).items()
+        }
+        timings = _timed_together(calls, budget_s)
+        ms = {key: t["ms"] for key, t in timings.items() if "ms" in t}
+        for (layout, impl), timing in timings.items():
+            rows.append(_row(case, layout, impl, timing, case.moved_bytes(lengths[layout]), copy_gbs, ms))
+            emit(_table_row(rows[-1]))
+        del q, k, v, arguments, calls  # the caches and paged copies, before the next case's
     return rows
 
 

@@ -317,6 +317,37 @@ def test_runner_survives_oom_crash_and_hang(tmp_path, monkeypatch):
     assert "exited with code 3" in run.records[3]["error"]
 
 
+def test_time_rounds_interleaves_batches_of_every_call():
+    """`_worker.time_rounds`: two warm-up calls each, then rounds that each time one batch
+    of every call in turn, in the calls' order, a batch ending in one sync; a Timing per
+    call whose median lies within its spread."""
+    events = []
+
+    def call(name):
+        def run():
+            events.append(name)
+            return name
+
+        return run
+
+    synced = []
+    timings = _worker.time_rounds({"a": call("a"), "b": call("b")}, synced.append, budget_s=0.05, rounds=4)
+    assert events[:4] == ["a", "a", "b", "b"], "two warm-up calls each, in turn"
+    batches, last = [], None
+    for name in events[4:]:
+        if name != last:
+            batches.append([])
+        batches[-1].append(name)
+        last = name
+    assert [batch[0] for batch in batches] == ["a", "b"] * 4, "4 rounds, each a batch of a then one of b"
+    sizes = {name: {len(batch) for batch in batches if batch[0] == name} for name in "ab"}
+    assert all(len(s) == 1 and 1 <= min(s) <= 20 for s in sizes.values()), sizes
+    assert len(synced) == 4 + len(batches), "a sync after each warm-up call and each batch"
+    for name, timing in timings.items():
+        assert timing.ms_lo <= timing.ms <= timing.ms_hi and timing.reps == 4 * min(sizes[name])
+        assert "interleaved with 1 other call" in timing.timer
+
+
 def test_timed_passes_time_each_variant_per_pass_on_cleared_caches(monkeypatch):
     """`check.timed_passes`: every variant once per pass, in turn, jax's caches cleared
     before each, an error recorded as None."""
@@ -348,7 +379,11 @@ def test_check_compares_with_the_peer_against_committed_floors(monkeypatch):
     monkeypatch.setattr(check, "_cudnn", lambda shape: f"cudnn:{shape.name}")
     monkeypatch.setattr(check, "_tokamax", lambda shape: None)
     monkeypatch.setattr(
-        check, "_timed", lambda attend, shape, mode, budget: {"ms": ms[attend]} if attend in ms else {"error": "boom"}
+        check,
+        "_timed_together",
+        lambda attends, shape, mode, budget: {
+            name: {"ms": ms[attend]} if attend in ms else {"error": "boom"} for name, attend in attends.items()
+        },
     )
     seen = []
     rows = check.run(
@@ -631,15 +666,20 @@ def test_decode_table_judges_the_issue_targets(monkeypatch):
 
     ms = {("dense", "jaxtile"): 1.0, ("dense", "cudnn"): 1.5, ("ragged", "jaxtile"): 1.0}
     ms |= {("ragged", "cudnn"): 0.9, ("paged16", "jaxtile"): 1.05}
-    timings = iter(ms.get(key) for layout in decode.LAYOUTS for key in ((layout, "jaxtile"), (layout, "cudnn")))
 
-    def timed(attend, args, budget_s):
-        took = next(timings)
-        return {"status": "ok", "ms": took, "ms_lo": took, "ms_hi": took} if took else _worker.failure(ValueError("no"))
+    def timed(calls, budget_s):
+        def timing(took):
+            return (
+                {"status": "ok", "ms": took, "ms_lo": took, "ms_hi": took}
+                if took
+                else _worker.failure(ValueError("no"))
+            )
+
+        return {key: timing(ms.get(key)) for key in calls}
 
     assert list(decode._attends("ragged", ["reference"], None)) == ["jaxtile", "reference", "cudnn"]
     assert list(decode._attends("paged16", ["reference"], None)) == ["jaxtile", "reference"]
-    monkeypatch.setattr(decode, "_timed", timed)
+    monkeypatch.setattr(decode, "_timed_together", timed)
     case = decode.Case(batch=2, q_len=1, kv_len=64, heads=2, kv_heads=1, head_dim=4, dtype="float32")
     dense_gbs = case.moved_bytes([64, 64]) / 1e6
     lines = []
