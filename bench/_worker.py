@@ -19,7 +19,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 
 _OOM_TEXT = ("resource_exhausted", "out of memory", "outofmemory")
 _UNSUPPORTED_TEXT = ("no available kernel", "not supported", "unsupported", "notimplemented")
@@ -94,8 +94,8 @@ def time_batches(
 
 
 def time_rounds(
-    calls: dict[str, Callable[[], object]], sync: Callable[[object], object], budget_s: float, *, rounds: int = 10
-) -> dict[str, Timing]:
+    calls: dict[Hashable, Callable[[], object]], sync: Callable[[object], object], budget_s: float, *, rounds: int = 10
+) -> dict[Hashable, Timing]:
     """Times ``calls`` against each other, interleaved: after two warm-up calls of each
     (each followed by ``sync``; the second estimates its cost), up to ``rounds`` rounds
     (at least 3; fewer where the slowest call would take more than ``budget_s`` in all)
@@ -103,9 +103,9 @@ def time_rounds(
     hold up to 20 calls, sized so that together they take about ``budget_s``.
 
     Whatever drifts while a process runs (clocks, temperature, the host) then falls on
-    every call alike; timing one call's batches after another's put the drift between
-    them, and two runs of identical kernels read ratios 3-5% apart (`bench.decode` on an
-    H200, `bench/NOTES.md`)."""
+    every call alike, where timed one call after another it lands between them (the
+    ratios of identical decode kernels to cuDNN moved 3-5% between runs on an H200,
+    `bench/NOTES.md`)."""
     estimates = {}
     for name, call in calls.items():
         for _ in range(2):
