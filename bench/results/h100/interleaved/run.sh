@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The decode benchmark twice with interleaved rounds (bench._worker.time_rounds), then
 # tests/test_gpu.py in what is left of one device call. From the repository root:
-#   bash bench/results/interleaved/run.sh OUT
+#   bash bench/results/h100/interleaved/run.sh OUT
 set -uo pipefail
 out=$1
 python -c "import jaxtile; print(jaxtile.__file__)" | tee "$out/jaxtile_file.txt"
