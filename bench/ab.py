@@ -5,8 +5,10 @@
 ``old`` holds. So each version here gets a directory of its own holding its ``jaxtile``
 package beside this tree's ``bench`` (the same harness for both), and `bench.check` runs
 with that directory as its working directory; each prints the ``jaxtile.__file__`` it
-imported and times cuDNN in the same process, as a yardstick that shows whether the
-GPU, not the code, changed between the two runs::
+imported and times cuDNN in the same process (interleaved with jaxtile, `bench.check`),
+as a yardstick that shows whether the GPU, not the code, changed between the two runs.
+Beside B's speed over A's, the table prints it measured against each run's cuDNN (B's
+ratio to cuDNN over A's), which leaves such a change out::
 
     python -m bench.ab c96bff7 HEAD --only d128_4k --modes fwd     # git refs
     python -m bench.ab /path/to/old /path/to/new                    # directories holding jaxtile/
@@ -48,6 +50,27 @@ def _materialise(version: str, into: Path) -> dict:
     return described
 
 
+def _compare(a: dict, b: dict) -> dict:
+    """One row of both runs: B's speed over A's (``speedup``, A's time over B's), and the
+    same measured against each process's cuDNN (``speedup_vs_cudnn``: B's ratio to cuDNN
+    over A's), which leaves out what changed between the two processes on the GPU's side
+    (None where a number is missing)."""
+    mine_a, mine_b = a["jaxtile"].get("ms"), b["jaxtile"].get("ms")
+    cudnn_a, cudnn_b = a.get("cudnn", {}).get("ms"), b.get("cudnn", {}).get("ms")
+    speedup = mine_a / mine_b if mine_a and mine_b else None
+    yardstick = cudnn_a and cudnn_b and speedup is not None
+    return dict(
+        case=a["case"],
+        mode=a["mode"],
+        a_ms=mine_a,
+        b_ms=mine_b,
+        speedup=speedup,
+        a_cudnn_ms=cudnn_a,
+        b_cudnn_ms=cudnn_b,
+        speedup_vs_cudnn=speedup * cudnn_b / cudnn_a if yardstick else None,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.ab", description=__doc__.splitlines()[0])
     parser.add_argument("versions", nargs=2, metavar="VERSION", help="git refs or directories holding jaxtile/")
@@ -66,30 +89,18 @@ def main(argv: list[str] | None = None) -> int:
                 parser.exit(2, f"version {version} produced no results\n")
             runs.append(dict(described, **json.loads(out.read_text())))
     a, b = ({(r["case"], r["mode"]): r for r in run["rows"]} for run in runs)
-    comparison = []
-    print(f"\n{'case':<28} {'mode':<6} {'A ms':>8} {'B ms':>8} {'B speed / A':>11} {'A cuDNN':>8} {'B cuDNN':>8}")
-    for key in [key for key in a if key in b]:
-        mine_a, mine_b = a[key]["jaxtile"].get("ms"), b[key]["jaxtile"].get("ms")
-        cudnn_a, cudnn_b = a[key].get("cudnn", {}).get("ms"), b[key].get("cudnn", {}).get("ms")
-        speedup = mine_a / mine_b if mine_a and mine_b else None
-        comparison.append(
-            dict(
-                case=key[0],
-                mode=key[1],
-                a_ms=mine_a,
-                b_ms=mine_b,
-                speedup=speedup,
-                a_cudnn_ms=cudnn_a,
-                b_cudnn_ms=cudnn_b,
-            )
-        )
-
-        def fmt(x, spec=".3f"):
-            return "-" if x is None else format(x, spec)
-
+    comparison = [_compare(a[key], b[key]) for key in a if key in b]
+    print(
+        f"\n{'case':<28} {'mode':<6} {'A ms':>8} {'B ms':>8} {'B / A':>6} {'A cuDNN':>8} {'B cuDNN':>8} {'vs cuDNN':>8}"
+    )
+    for row in comparison:
+        ms = {
+            key: "-" if row[key] is None else f"{row[key]:.3f}" for key in ("a_ms", "b_ms", "a_cudnn_ms", "b_cudnn_ms")
+        }
+        ratios = {key: "-" if row[key] is None else f"{row[key]:.2f}" for key in ("speedup", "speedup_vs_cudnn")}
         print(
-            f"{key[0]:<28} {key[1]:<6} {fmt(mine_a):>8} {fmt(mine_b):>8} {fmt(speedup, '.2f'):>11} "
-            f"{fmt(cudnn_a):>8} {fmt(cudnn_b):>8}"
+            f"{row['case']:<28} {row['mode']:<6} {ms['a_ms']:>8} {ms['b_ms']:>8} {ratios['speedup']:>6} "
+            f"{ms['a_cudnn_ms']:>8} {ms['b_cudnn_ms']:>8} {ratios['speedup_vs_cudnn']:>8}"
         )
     for label, run in zip("AB", runs):
         print(f"{label} imported {run['environment']['git']['jaxtile_file']}")

@@ -481,6 +481,22 @@ def test_documents_count_as_separate_sequences():
     assert packed.flops("fwdbwd") == separate.flops("fwdbwd")
 
 
+def test_ab_compares_the_versions_and_their_ratios_to_cudnn():
+    """`bench.ab`'s row: B's speed over A's, and over each run's cuDNN (a GPU 10% slower in
+    B's process, with the same kernels, reads 0.9 and 1.0); None where a number is missing."""
+    from bench import ab
+
+    def row(mine, cudnn):
+        return dict(case="d64", mode="fwd", jaxtile={"ms": mine} if mine else {"error": "boom"}, cudnn={"ms": cudnn})
+
+    slower = ab._compare(row(1.0, 2.0), row(1.1, 2.2))
+    assert slower["speedup"] == pytest.approx(1 / 1.1) and slower["speedup_vs_cudnn"] == pytest.approx(1.0)
+    assert ab._compare(row(1.0, 2.0), row(0.5, 2.0))["speedup_vs_cudnn"] == pytest.approx(2.0)
+    missing = ab._compare(row(1.0, 2.0), row(None, 2.0))
+    assert missing["speedup"] is None and missing["speedup_vs_cudnn"] is None
+    assert ab._compare(row(1.0, 2.0), dict(row(1.0, 2.0), cudnn={}))["speedup_vs_cudnn"] is None
+
+
 def test_ab_runs_each_version_from_its_own_directory(tmp_path):
     """`bench.ab` lays out a git ref and a directory each with its own jaxtile and this
     tree's harness; a process started there imports that jaxtile and says which, and a
