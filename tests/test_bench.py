@@ -348,6 +348,18 @@ def test_time_rounds_interleaves_batches_of_every_call():
         assert "interleaved with 1 other call" in timing.timer
 
 
+def test_time_rounds_keeps_three_rounds_of_a_slow_call():
+    """A call slower than the budget's share of a round is timed alone in each batch, in
+    3 rounds (the least), and the quick call beside it in as many rounds."""
+    import time
+
+    timings = _worker.time_rounds(
+        {"slow": lambda: time.sleep(0.02), "quick": lambda: None}, lambda out: out, budget_s=0.05
+    )
+    assert timings["slow"].reps == 3 and timings["slow"].ms >= 20
+    assert timings["quick"].reps == 3 * 20 and timings["quick"].timer.startswith("3 rounds of 20 calls")
+
+
 def test_timed_passes_time_each_variant_per_pass_on_cleared_caches(monkeypatch):
     """`check.timed_passes`: every variant once per pass, in turn, jax's caches cleared
     before each, an error recorded as None."""
