@@ -1,17 +1,18 @@
 """The performance guard: jaxtile against a peer, in one process, with committed floors.
 
 ``python -m bench.check`` times jaxtile's default implementation and a peer on a fixed set
-of shapes — the standard grid's rows at 4K and 16K tokens, causal and not, head dims 64
-and 128; GQA, MQA, sliding windows, packed documents, head dim 256 (MHA and MQA), sinks,
-a learned bias, a causal mask passed as a dense array (recognised, and not) — forward and
-forward+backward, in this one process on this one GPU, the calls of one row in
-interleaved rounds (`_worker.time_rounds`), and prints the ratio ``peer time / jaxtile
-time`` beside the floor committed in ``bench/floors.json``. It exits with status 1 if any
-ratio is below its floor, so that a slower kernel cannot land unnoticed. The peer is
-cuDNN (``jax.nn.dot_product_attention(implementation="cudnn")``) where it expresses the
-case; packed documents are held to the same documents run as separate sequences of a
-batch (the cost of the packing itself). tokamax's Mosaic GPU kernel, when importable, is
-timed too and reported, not gated.
+of shapes — the Hopper issue's standard grid (`STANDARD`: 1K, 4K and 16K tokens, causal
+and not, head dims 64 and 128); GQA, MQA, sliding windows, packed documents, head dim 256
+(MHA and MQA), sinks, a learned bias, a causal mask passed as a dense array (recognised,
+and not) — forward and forward+backward, in this one process on this one GPU, the calls
+of one row in interleaved rounds (`_worker.time_rounds`), and prints the ratio ``peer
+time / jaxtile time`` beside the floor committed in ``bench/floors.json``, then the
+Hopper issue's lines over the standard rows. It exits with status 1 if any ratio is below
+its floor, so that a slower kernel cannot land unnoticed. The peer is cuDNN
+(``jax.nn.dot_product_attention(implementation="cudnn")``) where it expresses the case;
+packed documents are held to the same documents run as separate sequences of a batch
+(the cost of the packing itself). tokamax's Mosaic GPU kernel, when importable, is timed
+too and reported, not gated.
 
 The results file records the jaxtile commit, whether the tree was dirty, and the
 ``jaxtile.__file__`` that was imported, so a number always says what it measured::
@@ -103,8 +104,10 @@ def _standard(seq: int, head_dim: int, causal: bool) -> Shape:
     return Shape(f"d{head_dim}_{seq // 1024}k_{mask}", 16384 // seq, seq, 2048 // head_dim, head_dim, causal=causal)
 
 
+# The Hopper issue's standard grid: 1K, 4K and 16K tokens, head dims 64 and 128, causal and not.
+STANDARD = tuple(_standard(seq, d, c) for d in (64, 128) for seq in (1024, 4096, 16384) for c in (False, True))
 SHAPES = (
-    *(_standard(seq, d, c) for d in (64, 128) for seq in (4096, 16384) for c in (False, True)),
+    *STANDARD,
     Shape("gqa_32_8_causal_8k", 2, 8192, 32, 128, kv_heads=8, causal=True),
     Shape("mqa_16_1_causal_8k", 2, 8192, 16, 128, kv_heads=1, causal=True),
     Shape("window_1023_causal_16k", 1, 16384, 16, 128, causal=True, window=(1023, 0)),
@@ -386,7 +389,37 @@ def render(results: dict) -> str:
     ]
     if summary.get("planned", summary["rows"]) > summary["rows"]:
         lines[-1] += f" The run was cut short: {summary['rows']} of its {summary['planned']} rows."
+    lines += _standard_lines(results["rows"])
     return "\n".join(lines) + "\n"
+
+
+def _geomean(ratios: list[float]) -> float:
+    return math.exp(sum(map(math.log, ratios)) / len(ratios))
+
+
+def _standard_lines(rows: list[dict]) -> list[str]:
+    """The Hopper issue's lines over the rows of `STANDARD` the run has: the geometric
+    mean of cuDNN's time over jaxtile's, forward (1.0) and forward+backward (0.95), and
+    the lowest ratio to tokamax (1.0 on every row)."""
+    names = {shape.name for shape in STANDARD}
+    parts, counted = [], set()
+    for mode, label, line in zip(MODES, ("forward", "forward+backward"), (1.0, 0.95)):
+        measured = [r for r in rows if r["case"] in names and r["mode"] == mode and "ms" in r["jaxtile"]]
+        vs_cudnn, vs_tokamax = (
+            [(r[peer]["ms"] / r["jaxtile"]["ms"], r["case"]) for r in measured if "ms" in r.get(peer, {})]
+            for peer in ("cudnn", "tokamax")
+        )
+        if not vs_cudnn:
+            continue
+        counted |= {case for _, case in vs_cudnn}
+        text = f"{label} {_geomean([x for x, _ in vs_cudnn]):.2f}× cuDNN (line {line})"
+        if vs_tokamax:
+            lowest, case = min(vs_tokamax)
+            text += f", lowest against tokamax {lowest:.2f}× ({case}; line 1.0)"
+        parts.append(text)
+    if not parts:
+        return []
+    return ["", f"The standard grid's rows in this run ({len(counted)} of {len(STANDARD)}): {'; '.join(parts)}."]
 
 
 def select(only: list[str] | None = None, part: tuple[int, int] = (1, 1)) -> list[Shape]:
@@ -442,7 +475,7 @@ def _summary(rows: list[dict], planned: int) -> dict:
         rows=len(rows),
         planned=planned,
         failed=sum(r["status"].startswith("FAIL") for r in rows),
-        geomean_vs_cudnn=math.exp(sum(map(math.log, vs_cudnn)) / len(vs_cudnn)) if vs_cudnn else None,
+        geomean_vs_cudnn=_geomean(vs_cudnn) if vs_cudnn else None,
     )
 
 
@@ -488,6 +521,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = summary["failed"]
     geomean = summary["geomean_vs_cudnn"]
     print(f"{len(rows) - failed} of {len(rows)} at or above their floors; geomean vs cuDNN {geomean}")
+    print("\n".join(_standard_lines(rows)).strip())
     return 1 if failed else 0
 
 

@@ -418,6 +418,36 @@ def test_check_compares_with_the_peer_against_committed_floors(monkeypatch):
     assert "0 of 1 rows with a floor at or above it" in table, "a row without a peer's number is not at its floor"
 
 
+def test_check_reports_the_hopper_issue_s_lines_over_the_standard_grid():
+    """`bench.check.STANDARD` is the Hopper issue's grid (1K, 4K and 16K tokens, head dims
+    64 and 128, causal and not), and the report states its lines over the standard rows a
+    run has: geometric means against cuDNN, the lowest ratio against tokamax."""
+    from bench import check
+
+    assert len(check.STANDARD) == 12 and set(check.STANDARD) <= set(check.SHAPES)
+    assert {(s.seq, s.head_dim, s.causal) for s in check.STANDARD} == {
+        (seq, d, c) for seq in (1024, 4096, 16384) for d in (64, 128) for c in (False, True)
+    }
+    assert all(s.batch * s.seq == 16384 and s.heads * s.head_dim == 2048 for s in check.STANDARD)
+
+    def row(case, mode, mine, cudnn, tokamax=None):
+        peers = dict(cudnn={"ms": cudnn}, **({"tokamax": {"ms": tokamax}} if tokamax else {}))
+        return dict(case=case, mode=mode, jaxtile={"ms": mine}, **peers)
+
+    rows = [
+        row("d64_1k_full", "fwd", 1.0, 2.0, 1.0),
+        row("d128_16k_causal", "fwd", 1.0, 0.5, 0.8),
+        row("d64_1k_full", "fwdbwd", 1.0, 0.9),
+        row("gqa_32_8_causal_8k", "fwd", 1.0, 0.1, 0.1),  # not a standard row
+    ]
+    assert check._standard_lines(rows) == [
+        "",
+        "The standard grid's rows in this run (2 of 12): forward 1.00× cuDNN (line 1.0), lowest against tokamax "
+        "0.80× (d128_16k_causal; line 1.0); forward+backward 0.90× cuDNN (line 0.95).",
+    ]
+    assert check._standard_lines(rows[3:]) == []
+
+
 def test_check_runs_in_parts_merged_into_one_table():
     """``--part K/N`` splits the cases (after ``--only``) into N disjoint parts that
     cover them; ``--report`` merges the parts of one run back in `SHAPES`' order and
