@@ -34,7 +34,7 @@ import json
 import math
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from pathlib import Path
 
 import jax
@@ -263,20 +263,35 @@ def _runnable(attend, mode: str, inputs) -> Callable[[], object]:
     return compiled_call(fn, [mask, dout, *primals])
 
 
+def time_together(builds: dict[Hashable, Callable[[], Callable[[], object]]], budget_s: float) -> dict:
+    """Each of ``builds`` (``{key: build}``, ``build()`` giving its `compiled_call`) built,
+    then those that built timed against each other in interleaved rounds
+    (`_worker.time_rounds`): ``{key: Timing}``, or for a build that raised (compiling or
+    in its first call) `_worker.failure` of it, in the order of ``builds``."""
+    calls, results = {}, {}
+    for key, build in builds.items():
+        try:
+            calls[key] = build()
+        except Exception as exc:  # recorded in the row
+            results[key] = _worker.failure(exc)
+    results.update(_worker.time_rounds(calls, jax.block_until_ready, budget_s))
+    return {key: results[key] for key in builds}
+
+
 def _timed_together(attends: dict, shape: Shape, mode: str, budget_s: float) -> dict[str, dict]:
     """Median milliseconds (and TFLOP/s) of each of ``attends`` (``{name: attend}``) on the
-    same inputs, compiled once and timed against each other in interleaved rounds
-    (`_worker.time_rounds`); or the error one raised compiling or running."""
+    same inputs (`time_together`); or the error one raised compiling or running, where a
+    missing jaxtile number fails the check."""
     inputs = _inputs(shape, mode)
-    calls, results = {}, {}
-    for name, attend in attends.items():
-        try:
-            calls[name] = _runnable(attend, mode, inputs)
-        except Exception as exc:  # recorded, and a missing jaxtile number fails the check
-            results[name] = dict(error=_worker.failure(exc)["error"])
-    for name, t in _worker.time_rounds(calls, jax.block_until_ready, budget_s).items():
-        results[name] = dict(ms=t.ms, ms_lo=t.ms_lo, ms_hi=t.ms_hi, tflops=shape.flops(mode) / t.ms / 1e9)
-    return {name: results[name] for name in attends}
+    timings = time_together(
+        {name: functools.partial(_runnable, attend, mode, inputs) for name, attend in attends.items()}, budget_s
+    )
+    return {
+        name: dict(ms=t.ms, ms_lo=t.ms_lo, ms_hi=t.ms_hi, tflops=shape.flops(mode) / t.ms / 1e9)
+        if isinstance(t, _worker.Timing)
+        else dict(error=t["error"])
+        for name, t in timings.items()
+    }
 
 
 def _timed(attend, shape: Shape, mode: str, budget_s: float) -> dict:

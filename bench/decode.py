@@ -47,7 +47,7 @@ import numpy as np
 
 import jaxtile
 from bench import _worker
-from bench.check import compiled_call, load_tokamax, time_jitted
+from bench.check import compiled_call, load_tokamax, time_jitted, time_together
 from bench.probe import git_state
 from jaxtile.triton import decode
 from jaxtile.triton.tuning import Tuning
@@ -192,17 +192,13 @@ def _arguments(case: Case, layout: str, q, k, v, kv_lengths: np.ndarray) -> tupl
 
 def _timed_together(calls: dict[Hashable, tuple[Callable, tuple]], budget_s: float) -> dict[Hashable, dict]:
     """The median ms and spread of each of ``calls`` (``{key: (attend, args)}``), compiled
-    once and timed against each other in interleaved rounds (`_worker.time_rounds`); or
-    why one failed compiling or running."""
-    runnable, results = {}, {}
-    for key, (attend, args) in calls.items():
-        try:
-            runnable[key] = compiled_call(attend, args)
-        except Exception as exc:  # recorded in the row
-            results[key] = _worker.failure(exc)
-    for key, t in _worker.time_rounds(runnable, jax.block_until_ready, budget_s).items():
-        results[key] = dict(status="ok", ms=t.ms, ms_lo=t.ms_lo, ms_hi=t.ms_hi)
-    return {key: results[key] for key in calls}
+    once and timed against each other (`bench.check.time_together`); or why one failed
+    compiling or running."""
+    builds = {key: functools.partial(compiled_call, attend, args) for key, (attend, args) in calls.items()}
+    return {
+        key: dict(status="ok", ms=t.ms, ms_lo=t.ms_lo, ms_hi=t.ms_hi) if isinstance(t, _worker.Timing) else t
+        for key, t in time_together(builds, budget_s).items()
+    }
 
 
 def _goals(row: dict) -> dict[str, float]:

@@ -360,6 +360,20 @@ def test_time_rounds_keeps_three_rounds_of_a_slow_call():
     assert timings["quick"].reps == 3 * 20 and timings["quick"].timer.startswith("3 rounds of 20 calls")
 
 
+def test_time_together_records_what_failed_to_build_and_times_the_rest():
+    """`check.time_together`: a build that raises is its `_worker.failure`, the others are
+    timed in rounds, and the results keep the builds' order."""
+    from bench import check
+
+    def broken():
+        raise ValueError("no kernel")
+
+    timings = check.time_together({"a": lambda: lambda: None, "b": broken, "c": lambda: lambda: None}, 0.01)
+    assert list(timings) == ["a", "b", "c"]
+    assert timings["b"] == {"status": "error", "error": "ValueError: no kernel"}
+    assert all(isinstance(timings[key], _worker.Timing) for key in "ac")
+
+
 def test_timed_passes_time_each_variant_per_pass_on_cleared_caches(monkeypatch):
     """`check.timed_passes`: every variant once per pass, in turn, jax's caches cleared
     before each, an error recorded as None."""

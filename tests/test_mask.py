@@ -121,7 +121,7 @@ def test_only_segment_ids_and_dense_masks_mask_single_elements():
         assert spec.masks_elements == expected, runtime
 
 
-def _one_sided(q_len, kv_len, causal, window, top_left) -> bool:
+def _one_sided(q_len, kv_len, causal, window, *_alignment) -> bool:
     """Whether the mask bounds keys on one side at most (the rows' key counts are then
     monotone)."""
     spec = MaskSpec.create(q_len, kv_len, causal=causal, window=window)
