@@ -162,11 +162,13 @@ def default_backward_tuning(head_dim: int, head_dim_v: int, masks_elements: bool
     return BackwardTuning(block_q=128 if wide else 64)
 
 
-def _scores_grad(p, dp, delta, pre, logits: sm.Logits, visible, axis: int, of_logit: bool = False):
-    """Line 14: ``dS = P ∘ (dP - D)`` taken back to ``q·k``, or with ``of_logit`` to the
-    logit (the bias's gradient; `jaxtile._softmax.score_grad`); ``axis`` is the one
-    ``D`` runs along (0: rows are queries, 1: columns are)."""
-    return sm.score_grad(p, dp, along(delta, dp.shape, axis), pre, logits, visible, of_logit=of_logit)
+def _scores_grad(p, dp, delta, pre, logits: sm.Logits, visible, axis: int):
+    """Line 14: ``dS = P ∘ (dP - D)`` taken back to the logit ``scale · q·k (+ bias)``
+    (`jaxtile._softmax.score_grad`; with a bias, its gradient), not to ``q·k``: the
+    kernels multiply dQ_i and dK_j by the scale once, when they write them, instead of
+    every score of every step. ``axis`` is the one ``D`` runs along (0: rows are
+    queries, 1: columns are)."""
+    return sm.score_grad(p, dp, along(delta, dp.shape, axis), pre, logits, visible, of_logit=True)
 
 
 def _products(*products, meanwhile: Callable | None = None):
@@ -294,11 +296,9 @@ def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning, roles: bool):
                 runtime = dict(lengths=lengths, own_ids=q_segment, step_ids=kv_segment, dense=dense)
                 visible = _ring.visible(spec, (row0, j * bk), pre.shape, 0, **runtime)
                 p = jnp.where(visible, p, 0.0)
-            ds = _scores_grad(p, dp, delta, pre, logits, visible, 0, of_logit=logits.bias)
-            store = None
-            if logits.bias:  # written while the tensor cores take dQ's product
-                store = functools.partial(store_bias_grad, ds, j)
-                ds = ds * logits.scale
+            ds = _scores_grad(p, dp, delta, pre, logits, visible, 0)
+            # With a bias, dS is its gradient, written while the tensor cores take dQ's product.
+            store = functools.partial(store_bias_grad, ds, j) if logits.bias else None
             ds, scale = _rounded(ds, k_ref.dtype)
             # Line 15: dQ_i += dS_ij K_j.
             (product,) = _products((_accumulator(dq_i, scale), ds, k_j), meanwhile=store)
@@ -330,7 +330,7 @@ def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning, roles: bool):
             if roles:
                 plgpu.barrier_wait(handed)
                 dq_i = dq_i + _ring.load_tile(part)
-            q_i[...] = dq_i.astype(dq_ref.dtype)
+            q_i[...] = (dq_i * logits.scale).astype(dq_ref.dtype)
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(q_i, dq_ref.at[b, pl.ds(row0, bq), h])
             plgpu.wait_smem_to_gmem(0)
@@ -473,6 +473,7 @@ def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int, roles
         if splits > 1 or roles:
             plgpu.barrier_arrive(consumed)
             plgpu.barrier_wait(consumed)
+        dk_j = None if dk_j is None else dk_j * logits.scale  # dSᵀ was taken to the logit
         results = [(acc, out.at[tile], ref) for acc, out, ref in ((dk_j, dk_smem, dk_ref), (dv_j, dv_smem, dv_ref))]
         results = [result for result in results if result[0] is not None]
         for acc, out, ref in results:
