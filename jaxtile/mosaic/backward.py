@@ -13,10 +13,11 @@ programs (no atomics: bitwise deterministic):
 Each runs two consumer warpgroups (64 rows of the program's tile each, the rows one
 ``wgmma`` computes) fed by a producer warpgroup's ring of TMA copies (`_ring`). Past
 head dim 128 the consumers divide the work by role instead (`_roles`). ``P`` is
-recomputed from the forward's lse (base 2), and ``D = rowsum(dO ∘ O)`` comes in
-precomputed (line 4). Only the spans marked masked pay for ``MaskSpec.visible``, and
-only they load a dense mask's tiles (dK/dV reads a transposed copy; with a mask per
-head, a program visits the union of its group's spans).
+recomputed from the forward's lse (base 2), ``D = rowsum(dO ∘ O)`` comes in
+precomputed (line 4), and ``dS`` is taken to the logit, the scale multiplying dQ_i and
+dK_j once when they are written. Only the spans marked masked pay for
+``MaskSpec.visible``, and only they load a dense mask's tiles (dK/dV reads a transposed
+copy; with a mask per head, a program visits the union of its group's spans).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Where the unrecognised dense mask's time goes (the check's d64_4k_dense_unrecognised
 row): each part of the call timed beside cuDNN in one process, interleaved rounds.
 
-    bash bench/gpu_session.sh script OUT bench/results/<gpu>/dense_breakdown/dense_breakdown.py
+    bash bench/gpu_session.sh script OUT bench/results/h100/dense_breakdown/dense_breakdown.py
 
 Calls: cuDNN causal (the check's peer) and with the mask itself; jaxtile causal; the
 Flax mask (recognised); the unrecognised mask as ``flash_attention`` runs it (the
@@ -51,7 +51,7 @@ def main():
             inner = fn
 
             def fn(q, k, v, m):
-                out, vjp = jax.vjp(lambda q, k, v: inner(q, k, v, m), q, k, v)
+                _, vjp = jax.vjp(lambda q, k, v: inner(q, k, v, m), q, k, v)
                 return vjp(do)
 
         def compiled():
@@ -74,14 +74,18 @@ def main():
             "jaxtile flax, no recognition": build("jaxtile", "flax", mode, recognise=False),
         }
         if mode == "fwd":
-            m = masks["unrecognised"]
-            builds["recognition pass"] = lambda: check.compiled_call(lambda m: api._recognise(spec, m[None, None]), (m,))
-            bounds = functools.partial(spec.tile_bounds, 64 * 2, 128, transposed=False)
-            builds["tile bounds (128x128)"] = lambda: check.compiled_call(lambda m: bounds(dense=m[None, None]), (m,))
-            builds["int8 copy"] = lambda: check.compiled_call(lambda m: m.astype(jnp.int8), (m,))
+            passes = {
+                "recognition pass": lambda m: api._recognise(spec, m[None, None]),
+                "tile bounds (128x128)": lambda m: spec.tile_bounds(128, 128, dense=m[None, None]),
+                "int8 copy": lambda m: m.astype(jnp.int8),
+            }
+            for name, fn in passes.items():
+                builds[name] = functools.partial(check.compiled_call, fn, (masks["unrecognised"],))
         timings = check.time_together(builds, 1.0)
         for name, t in timings.items():
-            line = f"{mode:7s} {name:40s} " + (f"{t.ms:8.3f} ms ({t.ms_lo:.3f}-{t.ms_hi:.3f})" if hasattr(t, "ms") else str(t))
+            line = f"{mode:7s} {name:40s} " + (
+                f"{t.ms:8.3f} ms ({t.ms_lo:.3f}-{t.ms_hi:.3f})" if hasattr(t, "ms") else str(t)
+            )
             print(line, flush=True)
             results[f"{mode}/{name}"] = t.ms if hasattr(t, "ms") else str(t)
     # What the dense branch's compiled forward runs around the kernel.

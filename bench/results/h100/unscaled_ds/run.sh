@@ -2,7 +2,7 @@
 # dS taken to the logit in the Mosaic backward (dQ_i, dK_j scaled once when written):
 # an A/B of forward+backward against the previous kernels (each version in its own
 # process beside cuDNN and tokamax), then the Mosaic GPU tests and the numerics tests.
-#   bash bench/results/<gpu>/unscaled_ds/run_unscaled.sh OUT   (ab_base/: the base's jaxtile/)
+#   bash bench/results/h100/unscaled_ds/run.sh OUT   (ab_base/: the base's jaxtile/)
 set -uo pipefail
 out=$1
 mkdir -p "$out"

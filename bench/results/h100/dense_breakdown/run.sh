@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The dense mask's breakdown, then the decode benchmark once, in one device call:
-#   bash bench/results/<gpu>/dense_breakdown/run.sh OUT
+#   bash bench/results/h100/dense_breakdown/run.sh OUT
 set -uo pipefail
 out=$1
 here=$(dirname "$0")
