@@ -625,10 +625,10 @@ def ring_barriers(tiles, consumers: int = CONSUMERS):
     return ready, free
 
 
-def launch(kernel, operands, out_type, grid, grid_names, consumers: int, scratch):
-    """Runs ``kernel(*operands, *outputs, scoped)`` on ``grid`` with ``consumers``
-    consumer warpgroups and a producer (the ``"wg"`` axis), ``scoped`` being the
-    shared-memory ``scratch`` (a tuple of `pl.run_scoped`'s arguments)."""
+def launch(kernel, operands, out_type, grid, grid_names, scratch):
+    """Runs ``kernel(*operands, *outputs, scoped)`` on ``grid`` with `CONSUMERS` consumer
+    warpgroups and a producer (the ``"wg"`` axis), ``scoped`` being the shared-memory
+    ``scratch`` (a tuple of `pl.run_scoped`'s arguments)."""
 
     def entry(*refs):
         pl.run_scoped(lambda *scoped: kernel(*refs, scoped), *scratch, collective_axes="wg")
@@ -638,7 +638,7 @@ def launch(kernel, operands, out_type, grid, grid_names, consumers: int, scratch
         out_type=out_type,
         grid=grid,
         grid_names=grid_names,
-        num_threads=consumers + 1,
+        num_threads=CONSUMERS + 1,
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True),
     )(*operands)

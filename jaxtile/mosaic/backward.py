@@ -572,7 +572,6 @@ def backward_pass(inputs: Inputs, out, lse, dout, dlse, config: Config, tuning: 
         tuple(jax.ShapeDtypeStruct((dims.batch, kv_len, shares, x.shape[-1]), part) for x in (k, v)),
         (shares, kv_len // (tiles * bk), dims.batch),  # heads fastest, as the forward's
         ("shares", "kv_tiles", "batch"),
-        CONSUMERS,
         (
             (memory, own_ids),
             (
@@ -613,7 +612,6 @@ def backward_pass(inputs: Inputs, out, lse, dout, dlse, config: Config, tuning: 
         out_type,
         (dims.num_heads, q_len // (tiles * bq), dims.batch),
         ("heads", "q_tiles", "batch"),
-        CONSUMERS,
         ((own, ring, grad), (*barriers, None if grad is None else plgpu.Barrier(num_arrivals=CONSUMERS))),
     )
     crop = (slice(None), slice(None, dims.q_len), slice(None))

@@ -514,7 +514,6 @@ def forward_pass(inputs: Inputs, config: Config):
         ),
         schedule.grid,
         schedule.names,
-        CONSUMERS,
         (
             (
                 own,
