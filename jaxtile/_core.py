@@ -39,6 +39,9 @@ class Inputs(NamedTuple):
     lengths: ``[batch, 2]`` int32 ``(q_length, kv_length)`` per sequence, or None.
     bias: float ``[1|batch, 1|num_heads, 1|q_len, 1|kv_len]`` added to the scaled
       scores, or None.
+    sinks: ``[num_heads]`` float32 sink logits (``-inf``: none for that head), or None;
+      given only to implementations whose record `takes_sinks` (the API folds them in
+      after the others, `_softmax.with_sinks`).
     """
 
     q: jax.Array
@@ -49,6 +52,7 @@ class Inputs(NamedTuple):
     mask: jax.Array | None = None
     lengths: jax.Array | None = None
     bias: jax.Array | None = None
+    sinks: jax.Array | None = None
 
 
 # ``tuning="autotune"``: an implementation times its own candidates once per shape.
@@ -208,12 +212,24 @@ def differentiated_as(pass_: Callable[..., Any], derivative: Derivative) -> Call
     return run
 
 
+def _sinks_grad(sinks, out, lse, dout, dlse):
+    """The gradient of ``sinks [h]``: each row's sink probability ``exp(sink - lse)``
+    times ``dlse - rowsum(dO ∘ O)`` (the sink's value is 0, so its score's gradient is
+    that of a key whose ``dP`` is 0), summed over the batch and the rows; 0 for a sink of
+    ``-inf``, whatever the cotangents of rows that see nothing."""
+    sink = sinks[None, :, None]
+    rows = jnp.einsum("bqhd,bqhd->bhq", dout.astype(jnp.float32), out.astype(jnp.float32))
+    return jnp.sum(jnp.where(sink == -jnp.inf, 0.0, jnp.exp(sink - lse) * (dlse - rows)), axis=(0, 2))
+
+
 def differentiable(forward: Forward, backward: Backward) -> Attention:
     """Returns ``attention(inputs, config) -> (out, lse)`` with a recomputing VJP.
 
     ``out`` is ``[batch, q_len, num_heads, head_dim_v]`` in the query dtype, ``lse`` is
     ``[batch, num_heads, q_len]`` float32. The backward pass receives the cotangent of
-    ``lse`` too, so ``return_lse=True`` outputs are differentiable.
+    ``lse`` too, so ``return_lse=True`` outputs are differentiable. With ``inputs.sinks``
+    the forward pass has folded them into ``out`` and ``lse``, so the backward pass's
+    recomputed ``P`` is already normalised over them; their gradient is `_sinks_grad`.
     """
 
     @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
@@ -223,15 +239,16 @@ def differentiable(forward: Forward, backward: Backward) -> Attention:
 
     def attention_fwd(inputs: Inputs, config: Config):
         out, lse, stats = forward(inputs, config)
-        return (out, lse), (inputs, out, stats)
+        return (out, lse), (inputs, out, stats, None if inputs.sinks is None else lse)
 
     def attention_bwd(config: Config, residuals, cotangents):
-        inputs, out, stats = residuals
+        inputs, out, stats, lse = residuals
         dout, dlse = cotangents
         dq, dk, dv, dbias = backward(inputs, out, stats, dout, dlse, config)
         if dbias is not None:
             dbias = sum_to_shape(dbias, inputs.bias.shape).astype(inputs.bias.dtype)
-        return (Inputs(dq, dk, dv, bias=dbias),)
+        dsinks = None if inputs.sinks is None else _sinks_grad(inputs.sinks, out, lse, dout, dlse)
+        return (Inputs(dq, dk, dv, bias=dbias, sinks=dsinks),)
 
     attention.defvjp(attention_fwd, attention_bwd)
     return attention

@@ -73,8 +73,9 @@ def compiled(implementation: registry.Implementation, jax_autodiff: bool = False
     and option set: its forward and recomputing backward joined into one ``custom_vjp``
     and run per batch/head shard (`_sharding.partitioned`); an implementation without a
     backward pass is plain JAX, differentiated and partitioned by JAX itself. ``sinks``
-    (`_softmax.with_sinks`) fold into the result outside the implementation, so every
-    implementation takes them and autodiff gives their gradient.
+    go to a forward pass that `takes_sinks` (`registry.Implementation`); for the others
+    they fold into the result after it (`_softmax.with_sinks`), and autodiff gives their
+    gradient, so every implementation takes them.
 
     Second derivatives differentiate the passes themselves: a record that is
     ``jax_differentiable`` runs them over every tile there (`_core.differentiated_as`),
@@ -83,6 +84,7 @@ def compiled(implementation: registry.Implementation, jax_autodiff: bool = False
     differentiate in either mode.
     """
     forward = implementation.forward
+    in_kernel = implementation.takes_sinks and not jax_autodiff and implementation.backward is not None
     if jax_autodiff or implementation.backward is None:
 
         def attention(inputs: Inputs, config: Config):
@@ -95,8 +97,9 @@ def compiled(implementation: registry.Implementation, jax_autodiff: bool = False
         )
 
     def attend(inputs: Inputs, config: Config, sinks=None):
-        out, lse = attention(inputs, config)
-        return (out, lse) if sinks is None else _softmax.with_sinks(out, lse, sinks)
+        if sinks is None or in_kernel:
+            return attention(inputs._replace(sinks=sinks), config)
+        return _softmax.with_sinks(*attention(inputs, config), sinks)
 
     return jax.jit(attend, static_argnums=1)
 

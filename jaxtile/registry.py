@@ -77,6 +77,9 @@ class Implementation:
         more compiled calls; it pays where structured masks are faster than dense ones
         (kernels that mask diagonal tiles by position, not by loading mask tiles, and
         run the heaviest rows first).
+      takes_sinks: ``forward`` folds ``Inputs.sinks`` into its own softmax (their
+        gradient is `_core.differentiable`'s); the others' outputs take them after, in a
+        pass over the output (`_softmax.with_sinks`).
       tuning: the type of its ``tuning=`` argument, or None if it takes none.
       speed: preference for ``implementation=None`` (higher first).
     """
@@ -101,6 +104,7 @@ class Implementation:
     lse_backward: bool = False
     jax_differentiable: bool = False
     recognises_masks: bool = False
+    takes_sinks: bool = False
     tuning: type | None = None
     speed: int = 0
 

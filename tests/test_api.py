@@ -14,7 +14,7 @@ import pytest
 from jax_settings import jax_test_config
 
 import jaxtile
-from jaxtile import registry
+from jaxtile import _softmax, registry
 
 RNG = np.random.default_rng(0)
 
@@ -344,6 +344,49 @@ def test_sinks_of_minus_infinity_are_no_sinks_and_empty_rows_stay_zero():
     assert not np.asarray(out[:, 0]).any(), "a row that sees no key is not 0"
     np.testing.assert_array_equal(np.asarray(lse[:, :, 0]), np.broadcast_to(np.asarray(sinks), lse[:, :, 0].shape))
     assert all(np.isfinite(np.asarray(g)).all() for g in grads)
+
+
+@contextlib.contextmanager
+def taking_sinks(impl: registry.Implementation):
+    """``impl`` (an `lse_backward` record) registered as one whose forward pass takes the
+    sinks itself (`registry.Implementation.takes_sinks`), folding them in after its own
+    pass, so that `_core.differentiable` gives their gradient; never chosen by default."""
+
+    def forward(inputs, config):
+        out, lse, _ = impl.forward(inputs._replace(sinks=None), config)
+        if inputs.sinks is not None:
+            out, lse = _softmax.with_sinks(out, lse, inputs.sinks)
+        return out, lse, lse
+
+    record = dataclasses.replace(impl, name=f"{impl.name}_taking_sinks", takes_sinks=True, forward=forward, speed=-1)
+    registry.register(record)
+    try:
+        yield record
+    finally:
+        registry.unregister(record.name)
+
+
+def test_sinks_taken_by_the_forward_pass_give_autodiff_s_gradient():
+    """The sinks' gradient `_core.differentiable` forms for a record that takes them
+    (`_sinks_grad`) is the one autodiff gives the same passes with the sinks folded in
+    after them: outputs, lse and the four gradients, under lse's cotangent, with a sink
+    of ``-inf`` and a row that sees no key."""
+    sinks = jnp.array([0.5, -jnp.inf, 2.0, -1.0])
+    empty = jnp.zeros((1, 1, Q.shape[1], K.shape[1]), bool).at[..., 1:, :].set(True)  # row 0 sees nothing
+
+    def loss(name):
+        def f(q, k, v, sinks):
+            out, lse = jaxtile.flash_attention(q, k, v, mask=empty, sinks=sinks, return_lse=True, implementation=name)
+            return jnp.sum(jnp.sin(out)) + jnp.sum(jnp.where(jnp.isfinite(lse), jnp.cos(lse), 0.0)), (out, lse)
+
+        return jax.jit(jax.grad(f, argnums=(0, 1, 2, 3), has_aux=True))
+
+    folding = registry.get("scan_v2")
+    with taking_sinks(folding) as taking:
+        (grads, aux), (expected_grads, expected_aux) = (loss(i.name)(Q, K, V, sinks) for i in (taking, folding))
+    assert float(grads[3][1]) == 0.0, "a sink of -inf has a gradient"
+    for got, expected in zip((*grads, *aux), (*expected_grads, *expected_aux)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(expected), rtol=2e-5, atol=2e-5)
 
 
 @contextlib.contextmanager

@@ -50,7 +50,8 @@ def _call(q_shape, kv_len, kv_heads, head_dim_v, causal, window, soft_cap, dtype
     its mask: ``"segments"`` (ids of the queries and the keys), ``"lengths"``, ``"dense"``
     (a mask per head, ``"dense1"`` one broadcast over batch and heads) or several; and
     ``"bias"`` a bias per head in the call's dtype (``"bias32"`` a float32 one broadcast
-    over batch and heads, ``"bias_keys"`` one broadcast over the queries too)."""
+    over batch and heads, ``"bias_keys"`` one broadcast over the queries too); ``"sinks"``
+    a sink per head."""
     batch, q_len, heads, head_dim = q_shape
     q = jax.ShapeDtypeStruct(q_shape, dtype)
     k = jax.ShapeDtypeStruct((batch, kv_len, kv_heads, head_dim), dtype)
@@ -69,7 +70,8 @@ def _call(q_shape, kv_len, kv_heads, head_dim_v, causal, window, soft_cap, dtype
         q_len, kv_len, causal=causal, window=window, has_segments=segments, has_lengths=lengths, has_dense_mask=dense
     )
     config = Config(spec, Logits(head_dim**-0.5, soft_cap, bias=bias is not None), platform="gpu", **config)
-    return Inputs(q, k, v, *ids, mask=mask, lengths=lengths_array, bias=bias), config
+    sinks = jax.ShapeDtypeStruct((heads,), jnp.float32) if "sinks" in runtime else None
+    return Inputs(q, k, v, *ids, mask=mask, lengths=lengths_array, bias=bias, sinks=sinks), config
 
 
 @pytest.mark.parametrize("persistent", [False, True])
@@ -102,14 +104,16 @@ RUNTIME = ["segments", "lengths", "segments+lengths"]
 
 @pytest.mark.parametrize("persistent", [False, True])
 @pytest.mark.parametrize(
-    "runtime", [*RUNTIME, "dense", "dense1+lengths", "dense+segments", "bias", "bias32+dense", "bias+segments"]
+    "runtime",
+    [*RUNTIME, "dense", "dense1+lengths", "dense+segments", "bias", "bias32+dense", "bias+segments", "sinks+lengths"],
 )
 @pytest.mark.parametrize("name", ["causal", "window_gqa_ragged_d80_v48", "two_sided_window_soft_cap"])
 def test_the_forward_kernel_lowers_with_runtime_masks(name, runtime, persistent):
     """With segment ids, lengths or a dense mask the kernel also reads the tile bounds
     they give (`MaskSpec.tile_bounds`), and the rows' ids and a ring of the keys' ids, the
     lengths, or a ring of the dense mask's tiles (in 64-key tiles too: the d80 call's);
-    with a bias, a ring of its tiles (bf16, or float32 beside a dense mask's)."""
+    with a bias, a ring of its tiles (bf16, or float32 beside a dense mask's); with sinks,
+    each tile's head's sink."""
     inputs, config = _call(*CALLS[name], runtime=runtime, tuning=v3.Tuning(persistent=persistent))
 
     def forward(inputs):

@@ -60,6 +60,20 @@ CASES = [
     Case("bias_soft_cap", q_len=150, num_heads=2, head_dim=64, dtype="bfloat16", logits_soft_cap=20.0, bias="full"),
     Case("decode_gqa", batch=(3,), q_len=1, kv_len=300, num_heads=4, num_kv_heads=2, head_dim=128, dtype="bfloat16"),
     Case("q_longer_than_kv_causal", q_len=200, kv_len=70, num_heads=2, head_dim=64, dtype="float16", causal=True),
+    # Sinks as the rows' first logit (`v3.takes_sinks`): GQA with lse's gradient, and rows
+    # that see no key, whose output stays 0 and whose lse is the sink.
+    Case(
+        "sinks_gqa_causal_lse_grad",
+        q_len=150,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=64,
+        dtype="bfloat16",
+        causal=True,
+        sinks=True,
+        lse_grad=True,
+    ),
+    Case("sinks_empty_rows_fp16", q_len=140, num_heads=2, head_dim=64, dtype="float16", mask="empty_rows", sinks=True),
 ]
 
 # Persistent programs, 3 of them so that each runs several tiles and the rings' slots carry

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
+from test_api import taking_sinks
 
 import jaxtile
 from jaxtile import registry
@@ -171,6 +172,36 @@ def check_jit_bias_per_head_sharded_with_the_heads():
         for name, x, ref in zip(("out", "dq", "dk", "dv", "dbias"), got, expected):
             error = compare(np.asarray(x), np.asarray(ref), TOLERANCES["float32"])
             assert error.ok, f"{implementation} with a bias: {name} differs from the unsharded result: {error}"
+
+
+def check_jit_sinks_taken_by_the_forward_sharded_with_the_heads():
+    # Sinks [heads] sharded like the heads, given to forward passes that take them
+    # (`takes_sinks`): each device takes its own; their gradient is summed over the
+    # batch shards (the one all-reduce).
+    mesh = _mesh()
+    q, k, v, dout = _arrays(HEADS, seed=6)
+    sinks = jnp.linspace(-1.0, 1.0, HEADS)
+    for name in (_native(), *_interpreted()):
+        if not registry.get(name).lse_backward:
+            continue
+        with taking_sinks(registry.get(name)) as record:
+
+            def run(q, k, v, sinks, dout, implementation=record.name):
+                def attend(q, k, v, sinks):
+                    return jaxtile.flash_attention(q, k, v, sinks=sinks, causal=True, implementation=implementation)
+
+                out, vjp = jax.vjp(attend, q, k, v, sinks)
+                return (out, *vjp(dout))
+
+            expected = jax.jit(run)(q, k, v, sinks, dout)
+            qs, hs = NamedSharding(mesh, P("data", None, "model")), NamedSharding(mesh, P("model"))
+            compiled = jax.jit(run, in_shardings=(qs, qs, qs, hs, qs)).lower(q, k, v, sinks, dout).compile()
+            counts = host_devices.collectives(compiled.as_text())
+            assert not any(counts[name] for name in GATHERS), f"{record.name} with sinks: {counts}"
+            got = compiled(q, k, v, sinks, dout)
+        for what, x, ref in zip(("out", "dq", "dk", "dv", "dsinks"), got, expected):
+            error = compare(np.asarray(x), np.asarray(ref), TOLERANCES["float32"])
+            assert error.ok, f"{record.name} with sinks: {what} differs from the unsharded result: {error}"
 
 
 def _check_vma(implementation: str) -> bool:

@@ -44,10 +44,11 @@ from jaxtile._core import Attention, Backward, Config, Derivative, Forward, Inpu
 # What each argument and result of a pass is, spelled by its dimensions: b batch, q query
 # rows, t key rows, h query heads, k kv heads, d and e head dims. Softmax statistics are
 # "rows" ([batch, num_heads, ...]); the dense mask and the bias are [1|batch, 1|num_heads,
-# 1|q, 1|t]; the lengths are [batch, 2] (z: the pair); the bias's gradient is per score.
+# 1|q, 1|t]; the lengths are [batch, 2] (z: the pair); the bias's gradient is per score;
+# the sinks are per query head.
 _SEQ_Q, _SEQ_K, _IDS_Q, _IDS_K, _MASK, _ROWS, _LENGTHS = "bqhd", "btkd", "bq", "bt", "mask", "rows", "bz"
-_SCORES = "bhqt"
-_INPUTS = Inputs(_SEQ_Q, _SEQ_K, _SEQ_K, _IDS_Q, _IDS_K, _MASK, _LENGTHS, _MASK)
+_SCORES, _HEADS = "bhqt", "h"
+_INPUTS = Inputs(_SEQ_Q, _SEQ_K, _SEQ_K, _IDS_Q, _IDS_K, _MASK, _LENGTHS, _MASK, _HEADS)
 
 
 def _axes(entry) -> tuple[str, ...]:

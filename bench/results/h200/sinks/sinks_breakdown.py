@@ -2,7 +2,7 @@
 and without its sinks, and the fold that adds them (`_softmax.with_sinks`) alone, timed
 in one process in interleaved rounds. Forward, then forward+backward.
 
-    bash bench/gpu_session.sh script OUT bench/results/h100/sinks/sinks_breakdown.py
+    bash bench/gpu_session.sh script OUT bench/results/h200/sinks/sinks_breakdown.py
 """
 
 import functools
