@@ -148,60 +148,48 @@ def check_jit_with_gspmd_partitioner():
         jax.config.update("jax_use_shardy_partitioner", previous)
 
 
-def check_jit_bias_per_head_sharded_with_the_heads():
-    # A bias [heads, q, k] sharded like the heads: its gradient, formed per batch element
-    # and head on each device, is summed over the batch shards (the one all-reduce).
+def _check_jit_per_head(implementation: str, argument: str, value, seed: int = 0):
+    """``flash_attention(..., causal=True, **{argument: value})`` with ``value`` sharded
+    like the heads (its first dimension): no gather of q, k or v, and the outputs and
+    gradients (``value``'s among them, summed over the batch shards: the one all-reduce)
+    of the unsharded call."""
     mesh = _mesh()
-    q, k, v, dout = _arrays(HEADS)
+    q, k, v, dout = _arrays(HEADS, seed=seed)
+
+    def run(q, k, v, value, dout):
+        def attend(q, k, v, value):
+            options = {argument: value}
+            return jaxtile.flash_attention(q, k, v, causal=True, implementation=implementation, **options)
+
+        out, vjp = jax.vjp(attend, q, k, v, value)
+        return (out, *vjp(dout))
+
+    expected = jax.jit(run)(q, k, v, value, dout)
+    qs, hs = NamedSharding(mesh, P("data", None, "model")), NamedSharding(mesh, P("model"))
+    compiled = jax.jit(run, in_shardings=(qs, qs, qs, hs, qs)).lower(q, k, v, value, dout).compile()
+    counts = host_devices.collectives(compiled.as_text())
+    assert not any(counts[name] for name in GATHERS), f"{implementation} with {argument}: {counts}"
+    got = compiled(q, k, v, value, dout)
+    for name, x, ref in zip(("out", "dq", "dk", "dv", f"d{argument}"), got, expected):
+        error = compare(np.asarray(x), np.asarray(ref), TOLERANCES["float32"])
+        assert error.ok, f"{implementation} with {argument}: {name} differs from the unsharded result: {error}"
+
+
+def check_jit_bias_per_head_sharded_with_the_heads():
+    # A bias [heads, q, k]: its gradient is formed per batch element and head on each device.
     bias = jnp.asarray(np.random.default_rng(5).standard_normal((HEADS, LEN, LEN)), jnp.float32)
     for implementation in _available(features=frozenset({"causal", "bias"})):
-
-        def run(q, k, v, bias, dout, implementation=implementation):
-            def attend(q, k, v, bias):
-                return jaxtile.flash_attention(q, k, v, bias=bias, causal=True, implementation=implementation)
-
-            out, vjp = jax.vjp(attend, q, k, v, bias)
-            return (out, *vjp(dout))
-
-        expected = jax.jit(run)(q, k, v, bias, dout)
-        qs, bs = NamedSharding(mesh, P("data", None, "model")), NamedSharding(mesh, P("model"))
-        compiled = jax.jit(run, in_shardings=(qs, qs, qs, bs, qs)).lower(q, k, v, bias, dout).compile()
-        counts = host_devices.collectives(compiled.as_text())
-        assert not any(counts[name] for name in GATHERS), f"{implementation} with a bias: {counts}"
-        got = compiled(q, k, v, bias, dout)
-        for name, x, ref in zip(("out", "dq", "dk", "dv", "dbias"), got, expected):
-            error = compare(np.asarray(x), np.asarray(ref), TOLERANCES["float32"])
-            assert error.ok, f"{implementation} with a bias: {name} differs from the unsharded result: {error}"
+        _check_jit_per_head(implementation, "bias", bias)
 
 
 def check_jit_sinks_taken_by_the_forward_sharded_with_the_heads():
-    # Sinks [heads] sharded like the heads, given to forward passes that take them
-    # (`takes_sinks`): each device takes its own; their gradient is summed over the
-    # batch shards (the one all-reduce).
-    mesh = _mesh()
-    q, k, v, dout = _arrays(HEADS, seed=6)
+    # Sinks [heads] given to forward passes that take them (`takes_sinks`): each device
+    # takes its own, and `_core.differentiable` forms their gradient.
     sinks = jnp.linspace(-1.0, 1.0, HEADS)
     for name in (_native(), *_interpreted()):
-        if not registry.get(name).lse_backward:
-            continue
-        with taking_sinks(registry.get(name)) as record:
-
-            def run(q, k, v, sinks, dout, implementation=record.name):
-                def attend(q, k, v, sinks):
-                    return jaxtile.flash_attention(q, k, v, sinks=sinks, causal=True, implementation=implementation)
-
-                out, vjp = jax.vjp(attend, q, k, v, sinks)
-                return (out, *vjp(dout))
-
-            expected = jax.jit(run)(q, k, v, sinks, dout)
-            qs, hs = NamedSharding(mesh, P("data", None, "model")), NamedSharding(mesh, P("model"))
-            compiled = jax.jit(run, in_shardings=(qs, qs, qs, hs, qs)).lower(q, k, v, sinks, dout).compile()
-            counts = host_devices.collectives(compiled.as_text())
-            assert not any(counts[name] for name in GATHERS), f"{record.name} with sinks: {counts}"
-            got = compiled(q, k, v, sinks, dout)
-        for what, x, ref in zip(("out", "dq", "dk", "dv", "dsinks"), got, expected):
-            error = compare(np.asarray(x), np.asarray(ref), TOLERANCES["float32"])
-            assert error.ok, f"{record.name} with sinks: {what} differs from the unsharded result: {error}"
+        if registry.get(name).lse_backward:
+            with taking_sinks(registry.get(name)) as record:
+                _check_jit_per_head(record.name, "sinks", sinks, seed=6)
 
 
 def _check_vma(implementation: str) -> bool:
