@@ -108,6 +108,7 @@ def test_train_gpt_toy_loss_curves_of_jaxtile_and_jax_nn_agree(tmp_path):
 
 
 @pytest.mark.parametrize("window", [None, (15, 0)], ids=["causal", "window"])
+@jax.default_matmul_precision("highest")  # the xla reference's products, TF32 on GPUs otherwise
 def test_train_gpt_sinks_fold_into_jax_nn_exactly(window):
     """jax.nn's output times ``sigmoid(lse - sink)``, with the lse's gradient restored
     (jax.nn stops it), equals jaxtile's sinks: outputs and the gradients of q, k, v and
