@@ -34,7 +34,7 @@ import json
 import math
 import sys
 import warnings
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from pathlib import Path
 
 import jax
@@ -44,6 +44,7 @@ import jaxtile
 from bench import _worker
 from bench.probe import probe
 from bench.suites import Problem
+from bench.timing import compiled_call, time_together
 
 FLOORS = Path(__file__).with_name("floors.json")
 MODES = ("fwd", "fwdbwd")
@@ -233,22 +234,6 @@ def _inputs(shape: Shape, mode: str):
     return primals, _dense_mask(shape), dout
 
 
-def compiled_call(fn, args) -> Callable[[], object]:
-    """``jax.jit(fn)(*args)`` as a call of no arguments: compiled once (Triton's
-    deprecation warning filtered) and called once, so that a call that cannot run raises
-    here, not while it is timed."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*Triton.*", category=DeprecationWarning)
-        compiled = jax.jit(fn).lower(*args).compile()
-    jax.block_until_ready(compiled(*args))
-    return functools.partial(compiled, *args)
-
-
-def time_jitted(fn, args, budget_s: float) -> _worker.Timing:
-    """``jax.jit(fn)(*args)``, compiled once, timed after warm-up (`_worker.time_batches`)."""
-    return _worker.time_batches(compiled_call(fn, args), jax.block_until_ready, budget_s)
-
-
 def _runnable(attend, mode: str, inputs) -> Callable[[], object]:
     """`compiled_call` of ``attend`` on ``inputs`` (`_inputs`): forward, or
     forward+backward under their cotangent, differentiated in every input."""
@@ -261,21 +246,6 @@ def _runnable(attend, mode: str, inputs) -> Callable[[], object]:
         return out, *vjp(dout)
 
     return compiled_call(fn, [mask, dout, *primals])
-
-
-def time_together(builds: dict[Hashable, Callable[[], Callable[[], object]]], budget_s: float) -> dict:
-    """Each of ``builds`` (``{key: build}``, ``build()`` giving its `compiled_call`) built,
-    then those that built timed against each other in interleaved rounds
-    (`_worker.time_rounds`): ``{key: Timing}``, or for a build that raised (compiling or
-    in its first call) `_worker.failure` of it, in the order of ``builds``."""
-    calls, results = {}, {}
-    for key, build in builds.items():
-        try:
-            calls[key] = build()
-        except Exception as exc:  # recorded in the row
-            results[key] = _worker.failure(exc)
-    results.update(_worker.time_rounds(calls, jax.block_until_ready, budget_s))
-    return {key: results[key] for key in builds}
 
 
 def _timed_together(attends: dict, shape: Shape, mode: str, budget_s: float) -> dict[str, dict]:

@@ -47,8 +47,9 @@ import numpy as np
 
 import jaxtile
 from bench import _worker
-from bench.check import compiled_call, load_tokamax, time_jitted, time_together
+from bench.check import load_tokamax
 from bench.probe import git_state
+from bench.timing import compiled_call, time_jitted, time_together
 from jaxtile.triton import decode
 from jaxtile.triton.tuning import Tuning
 
@@ -190,9 +191,9 @@ def _arguments(case: Case, layout: str, q, k, v, kv_lengths: np.ndarray) -> tupl
     return q, _to_pages(k, table), _to_pages(v, table), jnp.asarray(table), jnp.asarray(kv_lengths)
 
 
-def _timed_together(calls: dict[Hashable, tuple[Callable, tuple]], budget_s: float) -> dict[Hashable, dict]:
+def _timings(calls: dict[Hashable, tuple[Callable, tuple]], budget_s: float) -> dict[Hashable, dict]:
     """The median ms and spread of each of ``calls`` (``{key: (attend, args)}``), compiled
-    once and timed against each other (`bench.check.time_together`); or why one failed
+    once and timed against each other (`bench.timing.time_together`); or why one failed
     compiling or running."""
     builds = {key: functools.partial(compiled_call, attend, args) for key, (attend, args) in calls.items()}
     return {
@@ -257,7 +258,7 @@ def run(cases, impls, budget_s: float, copy_gbs: float, tokamax=None, emit=print
             for layout in LAYOUTS
             for impl, attend in _attends(layout, impls, tokamax, variants).items()
         }
-        timings = _timed_together(calls, budget_s)
+        timings = _timings(calls, budget_s)
         ms = {key: t["ms"] for key, t in timings.items() if "ms" in t}
         for (layout, impl), timing in timings.items():
             rows.append(_row(case, layout, impl, timing, case.moved_bytes(lengths[layout]), copy_gbs, ms))

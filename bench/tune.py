@@ -18,8 +18,6 @@ import argparse
 import dataclasses
 import datetime
 import json
-import time
-import warnings
 
 import jax
 import jax.numpy as jnp
@@ -27,12 +25,15 @@ import jax.numpy as jnp
 import jaxtile
 from bench.check import Shape
 from bench.probe import git_state
+from bench.timing import time_jitted
 from jaxtile import registry
 from jaxtile.mask import MaskSpec
 from jaxtile.mosaic import v3 as mosaic_v3
 from jaxtile.mosaic.backward import BackwardTuning
 from jaxtile.triton.tuning import KernelTuning, Tuning, default_tuning, mask_kind
 
+# Seconds of timed calls per candidate, after warm-up (`bench.timing.time_jitted`).
+_BUDGET_S = 0.5
 # head_dim -> candidates (block_q, block_k, num_warps, num_stages)
 FORWARD = {
     64: [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3)],
@@ -102,29 +103,16 @@ def _candidates(impl: str, dim: int, spec: MaskSpec, modes) -> list[tuple[bool, 
     return candidates
 
 
-def _time(fn, *args, batches: int = 5, per_batch: int = 10) -> float:
-    """Median seconds per call: two warm-up calls, then batches ending in one sync."""
-    jax.block_until_ready(fn(*args))
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(batches):
-        start = time.perf_counter()
-        for _ in range(per_batch):
-            out = fn(*args)
-        jax.block_until_ready(out)
-        times.append((time.perf_counter() - start) / per_batch)
-    return sorted(times)[len(times) // 2]
-
-
 def _measure(attend, q, k, v, backward: bool) -> float | str:
+    """Median seconds per call of ``attend`` (with ``backward``, of the gradients of a
+    loss through it; `bench.timing.time_jitted`), or why it did not compile or run."""
+
     def loss(q, k, v):
         return jnp.sum(attend(q, k, v).astype(jnp.float32) * q[..., :1].astype(jnp.float32))
 
-    fn = jax.jit(jax.grad(loss, argnums=(0, 1, 2))) if backward else jax.jit(attend)
+    fn = jax.grad(loss, argnums=(0, 1, 2)) if backward else attend
     try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*Triton.*", category=DeprecationWarning)
-            return _time(fn, q, k, v)
+        return time_jitted(fn, (q, k, v), _BUDGET_S).ms / 1e3
     except Exception as e:  # a candidate that does not compile (shared memory, registers)
         return f"error: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
 

@@ -361,14 +361,14 @@ def test_time_rounds_keeps_three_rounds_of_a_slow_call():
 
 
 def test_time_together_records_what_failed_to_build_and_times_the_rest():
-    """`check.time_together`: a build that raises is its `_worker.failure`, the others are
+    """`timing.time_together`: a build that raises is its `_worker.failure`, the others are
     timed in rounds, and the results keep the builds' order."""
-    from bench import check
+    from bench import timing
 
     def broken():
         raise ValueError("no kernel")
 
-    timings = check.time_together({"a": lambda: lambda: None, "b": broken, "c": lambda: lambda: None}, 0.01)
+    timings = timing.time_together({"a": lambda: lambda: None, "b": broken, "c": lambda: lambda: None}, 0.01)
     assert list(timings) == ["a", "b", "c"]
     assert timings["b"] == {"status": "error", "error": "ValueError: no kernel"}
     assert all(isinstance(timings[key], _worker.Timing) for key in "ac")
@@ -751,7 +751,7 @@ def test_decode_table_judges_the_issue_targets(monkeypatch):
 
     assert list(decode._attends("ragged", ["reference"], None)) == ["jaxtile", "reference", "cudnn"]
     assert list(decode._attends("paged16", ["reference"], None)) == ["jaxtile", "reference"]
-    monkeypatch.setattr(decode, "_timed_together", timed)
+    monkeypatch.setattr(decode, "_timings", timed)
     case = decode.Case(batch=2, q_len=1, kv_len=64, heads=2, kv_heads=1, head_dim=4, dtype="float32")
     dense_gbs = case.moved_bytes([64, 64]) / 1e6
     lines = []

@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxtile
-from bench.check import time_jitted
 from bench.decode import Case, _inputs
+from bench.timing import time_jitted
 from jaxtile import _softmax as sm
 
 print(jaxtile.__file__, jax.__version__, jax.devices()[0].device_kind)

@@ -9,8 +9,8 @@ import jax
 import jax.numpy as jnp
 
 import jaxtile
-from bench.check import time_jitted
 from bench.decode import Case, _inputs
+from bench.timing import time_jitted
 from jaxtile import _softmax as sm
 from jaxtile.triton import decode
 

@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxtile
-from bench.check import time_jitted
 from bench.decode import Case, _inputs, _page_table, _to_pages
+from bench.timing import time_jitted
 from jaxtile.triton import decode
 
 print(jaxtile.__file__, jax.__version__, jax.devices()[0].device_kind)

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 import jaxtile
-from bench import check
+from bench import timing
 from bench.probe import probe
 from jaxtile import api
 from jaxtile.mask import MaskSpec
@@ -56,9 +56,9 @@ def main():
 
         def compiled():
             if recognise:
-                return check.compiled_call(fn, (q, k, v, masks[mask]))
+                return timing.compiled_call(fn, (q, k, v, masks[mask]))
             with mock.patch.object(api, "_recognises", lambda *a: False):
-                return check.compiled_call(fn, (q, k, v, masks[mask]))
+                return timing.compiled_call(fn, (q, k, v, masks[mask]))
 
         return compiled
 
@@ -80,8 +80,8 @@ def main():
                 "int8 copy": lambda m: m.astype(jnp.int8),
             }
             for name, fn in passes.items():
-                builds[name] = functools.partial(check.compiled_call, fn, (masks["unrecognised"],))
-        timings = check.time_together(builds, 1.0)
+                builds[name] = functools.partial(timing.compiled_call, fn, (masks["unrecognised"],))
+        timings = timing.time_together(builds, 1.0)
         for name, t in timings.items():
             line = f"{mode:7s} {name:40s} " + (
                 f"{t.ms:8.3f} ms ({t.ms_lo:.3f}-{t.ms_hi:.3f})" if hasattr(t, "ms") else str(t)

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxtile
-from bench import check
+from bench import check, timing
 from bench.probe import git_state
 from jaxtile import registry
 
@@ -64,7 +64,7 @@ for shape in SHAPES:
             for name, attend in attends.items():
                 with variant(name) if name in VARIANTS else contextlib.nullcontext():
                     try:
-                        ms[name].append(check.time_jitted(fn(attend), [mask, dout, *primals], 0.5).ms)
+                        ms[name].append(timing.time_jitted(fn(attend), [mask, dout, *primals], 0.5).ms)
                         if name in VARIANTS and mode == "fwd" and name not in outs:
                             outs[name] = jax.jit(fn(attend))(mask, dout, *primals).astype(jnp.float32)
                     except Exception as exc:  # reported, and the row goes on

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 
 import jaxtile
-from bench import check
+from bench import check, timing
 from bench.probe import git_state
 from jaxtile import registry
 from jaxtile.mosaic import backward as mosaic_backward
@@ -74,7 +74,7 @@ for shape in [s for s in SHAPES if not args.shapes or s.name in args.shapes]:
         for name, attend in attends.items():
             with variant(name) if name in VARIANTS else contextlib.nullcontext():
                 try:
-                    ms[name].append(check.time_jitted(fn(attend), [mask, dout, *primals], 0.5).ms)
+                    ms[name].append(timing.time_jitted(fn(attend), [mask, dout, *primals], 0.5).ms)
                     if name in VARIANTS and name not in grads:
                         grads[name] = jax.jit(fn(attend))(mask, dout, *primals)
                 except Exception as exc:  # reported, and the row goes on

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxtile
-from bench import check
+from bench import check, timing
 from bench.probe import git_state
 from jaxtile._core import Inputs
 from jaxtile.mask import MaskSpec
@@ -47,7 +47,7 @@ for shape in SHAPES:
     for _ in range(2):
         for n, f in attends.items():
             try:
-                ms[n].append(check.time_jitted(f, [*primals[:3], mask], 0.5).ms)
+                ms[n].append(timing.time_jitted(f, [*primals[:3], mask], 0.5).ms)
             except Exception as e:
                 ms[n].append(float("nan"))
                 print(n, type(e).__name__, str(e)[:300], flush=True)

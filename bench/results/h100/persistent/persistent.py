@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxtile
-from bench import check
+from bench import check, timing
 from bench.probe import git_state
 from jaxtile.mask import MaskSpec
 from jaxtile.mosaic import _ring, v3
@@ -115,7 +115,7 @@ for shape in shapes:
     for _ in range(args.rounds):
         for n, f in attends.items():
             try:
-                ms[n].append(check.time_jitted(f, primals[:3], 0.5).ms)
+                ms[n].append(timing.time_jitted(f, primals[:3], 0.5).ms)
             except Exception as e:
                 ms[n].append(float("nan"))
                 print(n, type(e).__name__, str(e)[:200])

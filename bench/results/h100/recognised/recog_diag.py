@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from jax import lax
 
 import jaxtile
-from bench import check
+from bench import check, timing
 from jaxtile import api
 from jaxtile.mask import MaskSpec
 
@@ -65,7 +65,7 @@ ms = {}
 for _pass in range(2):
     for name, fn in VARIANTS.items():
         jax.clear_caches()
-        ms.setdefault(name, []).append(check.time_jitted(fn, [q, k, v, mask, index], 0.5).ms)
+        ms.setdefault(name, []).append(timing.time_jitted(fn, [q, k, v, mask, index], 0.5).ms)
         print(name, ms[name][-1], flush=True)
 for name, values in ms.items():
     print(

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 
 import jaxtile
 from bench import decode as bd
-from bench.check import time_jitted
+from bench.timing import time_jitted
 from jaxtile import api
 
 CASES = (bd.Case(64, 1, 4096), bd.Case(8, 1, 32768), bd.Case(1, 1, 131072))

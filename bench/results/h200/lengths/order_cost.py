@@ -14,7 +14,7 @@ from persistent_lengths import lengths_call, lengths_cases, patched, report
 from persistent_whole import balanced
 
 import jaxtile
-from bench import check
+from bench import check, timing
 from jaxtile.mask import MaskSpec
 from jaxtile.mosaic import _ring, v3
 
@@ -65,7 +65,7 @@ def order_alone(shape, lengths, order):
     bounds = spec.tile_bounds(rows, tuning.block_k, lengths=both)
     want = TILE_ORDER(spec, bounds, shape.batch, rows, tuning.block_k)
     same = bool(jnp.all(order(spec, bounds, shape.batch, rows, tuning.block_k) == want))
-    return check.time_jitted(fn, [lengths], 0.5).ms, same
+    return timing.time_jitted(fn, [lengths], 0.5).ms, same
 
 
 def main():

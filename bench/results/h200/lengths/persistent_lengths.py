@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxtile
-from bench import check
+from bench import check, timing
 from jaxtile.mask import MaskSpec
 from jaxtile.mosaic import v3
 
@@ -116,7 +116,7 @@ def main():
     mask = check._dense_mask(flax)
     spec = MaskSpec.create(flax.seq, flax.seq, has_dense_mask=True)
     for label, recognise in (("one_pass", RECOGNISE), ("two_pass", two_pass_recognise)):
-        ms = [check.time_jitted(lambda m, r=recognise: r(spec, m[None, None]), [mask], 0.5).ms for _ in range(2)]
+        ms = [timing.time_jitted(lambda m, r=recognise: r(spec, m[None, None]), [mask], 0.5).ms for _ in range(2)]
         print(f"{'recognise_' + flax.name:28s} alone  {label:14s} {','.join(f'{x:.4f}' for x in ms)}", flush=True)
     variants = {
         "one_pass": check._jaxtile(flax),

@@ -13,6 +13,7 @@ import numpy as np
 import jaxtile
 from bench import check
 from bench.probe import git_state
+from bench.timing import time_jitted
 from jaxtile.mask import MaskSpec
 from jaxtile.mosaic import v3
 
@@ -79,7 +80,7 @@ def timing(names):
         for _ in range(2):
             for n, f in attends.items():
                 try:
-                    ms[n].append(check.time_jitted(f, primals[:3], 0.5).ms)
+                    ms[n].append(time_jitted(f, primals[:3], 0.5).ms)
                 except Exception as e:  # a variant that does not compile is reported, not fatal
                     ms[n].append(float("nan"))
                     print(n, type(e).__name__, str(e)[:300], flush=True)

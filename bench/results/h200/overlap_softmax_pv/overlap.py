@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxtile
-from bench import check
+from bench import check, timing
 from bench.probe import git_state
 from jaxtile.mask import MaskSpec
 from jaxtile.mosaic import v3
@@ -84,7 +84,7 @@ for shape in shapes:
     for _ in range(2):
         for n, f in attends.items():
             try:
-                ms[n].append(check.time_jitted(f, primals[:3], 0.5).ms)
+                ms[n].append(timing.time_jitted(f, primals[:3], 0.5).ms)
             except Exception as e:
                 ms[n].append(float("nan"))
                 print(n, type(e).__name__, str(e)[:300])

@@ -9,7 +9,7 @@ import numpy as np
 
 import jaxtile
 from bench import decode as bd
-from bench.check import time_jitted
+from bench.timing import time_jitted
 
 print(jaxtile.__file__, Path("VERSION.json").read_text().strip(), jax.devices()[0].device_kind, flush=True)
 for case in bd.SMOKE if "--smoke" in sys.argv else bd.CASES:

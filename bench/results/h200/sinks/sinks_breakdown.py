@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 import jaxtile
-from bench import check
+from bench import timing
 from bench.probe import probe
 from jaxtile import _softmax
 
@@ -43,7 +43,7 @@ def main():
                 primal, vjp = jax.vjp(inner, *args)
                 return vjp(jax.tree.map(jnp.ones_like, primal) if isinstance(primal, tuple) else do)
 
-        return functools.partial(check.compiled_call, fn, args)
+        return functools.partial(timing.compiled_call, fn, args)
 
     results = {}
     for mode in ("fwd", "fwdbwd"):
@@ -52,7 +52,7 @@ def main():
             "jaxtile, sinks": build(attend(True), (q, k, v, sinks), mode),
             "with_sinks alone": build(fold, (out, lse, sinks), mode),
         }
-        for name, t in check.time_together(builds, 1.0).items():
+        for name, t in timing.time_together(builds, 1.0).items():
             print(f"{mode:7s} {name:20s} {t.ms:8.3f} ms ({t.ms_lo:.3f}-{t.ms_hi:.3f})", flush=True)
             results[f"{mode}/{name}"] = t.ms
     with open(os.path.join(os.environ.get("OUT", "."), "sinks_breakdown.json"), "w") as f:

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxtile
-from bench import check
+from bench import check, timing
 from jaxtile.mosaic import v3
 
 BATCH, Q_LEN, HEADS, HEAD_DIM, BLOCK_K = 4, 4096, 16, 128, 128
@@ -68,7 +68,7 @@ def main():
             for label, attend in variants.items():
                 jax.clear_caches()
                 try:
-                    ms[label][kv_len].append(check.time_jitted(attend, [q, k, v], 0.5).ms)
+                    ms[label][kv_len].append(timing.time_jitted(attend, [q, k, v], 0.5).ms)
                 except Exception as exc:  # a kernel that rejects a shape leaves a gap
                     print(label, kv_len, "error:", str(exc).splitlines()[0][:200])
                 print(f"{label:20s} kv {kv_len:5d} {ms[label][kv_len]}", flush=True)

@@ -33,7 +33,7 @@ from costs import BATCH, BLOCK_K, HEAD_DIM, HEADS, Q_LEN, _tokamax
 from jax import lax
 
 import jaxtile
-from bench import check
+from bench import timing
 from jaxtile.mosaic import _ring, v3
 
 KV_LENS = (4096, 8192)
@@ -88,11 +88,11 @@ def main():
 
                 jax.clear_caches()
                 with _patched(*patch) if patch else contextlib.nullcontext():
-                    ms[label][kv_len].append(check.time_jitted(attend, [q, k, v], 0.5).ms)
+                    ms[label][kv_len].append(timing.time_jitted(attend, [q, k, v], 0.5).ms)
                 print(f"{label:20s} kv {kv_len:5d} {ms[label][kv_len]}", flush=True)
             if tokamax is not None:
                 jax.clear_caches()
-                ms["tokamax.persistent"][kv_len].append(check.time_jitted(tokamax, [q, k, v], 0.5).ms)
+                ms["tokamax.persistent"][kv_len].append(timing.time_jitted(tokamax, [q, k, v], 0.5).ms)
     print("\nlabel                µs per step   ms at kv " + " ".join(f"{kv:>7d}" for kv in KV_LENS))
     for label, runs in ms.items():
         if all(runs.values()):

@@ -39,7 +39,7 @@ import numpy as np
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 import jaxtile
-from bench import check
+from bench import check, timing
 from jaxtile.mosaic import v3
 
 BATCH, Q_LEN, HEADS, HEAD_DIM, BLOCK_K = 4, 4096, 16, 128, 128
@@ -192,7 +192,7 @@ def main():
         k, v = (jax.random.normal(key, (BATCH, kv_len, HEADS, HEAD_DIM), jnp.bfloat16) for key in keys[1:])
         for label, attend in variants.items():
             jax.clear_caches()
-            row = dict(ms=check.time_jitted(attend, [q, k, v], 0.5).ms)
+            row = dict(ms=timing.time_jitted(attend, [q, k, v], 0.5).ms)
             if label != "cudnn":
                 row.update(_profile(attend, (q, k, v), out / f"{label}_{kv_len}"))
             _record(results, f"{label}_{kv_len}", row)
@@ -209,7 +209,7 @@ def main():
                 return out, *vjp(dout)
 
             jax.clear_caches()
-            row = dict(ms=check.time_jitted(fwdbwd, [dout, *primals], 0.5).ms)
+            row = dict(ms=timing.time_jitted(fwdbwd, [dout, *primals], 0.5).ms)
             row.update(_profile(fwdbwd, (dout, *primals), out / f"{label}_{shape.name}"))
             _record(results, f"{label}_{shape.name}_fwdbwd", row)
     (out / "timeline.json").write_text(json.dumps(dict(stamp=stamp, results=results), indent=1))
