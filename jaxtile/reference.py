@@ -96,6 +96,5 @@ IMPLEMENTATION = registry.register(
         memory=_memory,
         jax_differentiable=True,
         tiled=False,
-        speed=0,
     )
 )

@@ -134,7 +134,6 @@ IMPLEMENTATION = registry.register(
         backward=_backward,
         memory=_memory,
         jax_differentiable=True,
-        lse_backward=False,
         speed=20,
     )
 )

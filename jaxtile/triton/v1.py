@@ -292,7 +292,6 @@ IMPLEMENTATION = registry.register(
         interprets=frozenset({"cpu"}),
         max_head_dim=pk.MAX_HEAD_DIM,
         power_of_two_blocks=True,
-        lse_backward=False,
         tuning=tn.Tuning,
         speed=10,
     )
