@@ -5,7 +5,8 @@
 PyTorch's ``scaled_dot_product_attention`` backends) forward and forward+backward, with
 peak memory, and writes ``results.json``, a terminal table and PNG plots. Each framework
 runs in worker processes of its own (`bench.jax_worker`, `bench.torch_worker`) so the two
-never share a GPU allocator. ``python -m bench.report results.json`` prints the README's
+never share a GPU allocator; the JAX implementations of each shape share one and are timed
+against each other in interleaved rounds (`bench.runner`). ``python -m bench.report results.json`` prints the README's
 Markdown tables from the JSON.
 
 Modules: `bench.suites` (what is measured, FLOP counts), `bench.catalog` (which

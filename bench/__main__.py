@@ -30,15 +30,20 @@ _DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp3
 CONVENTIONS = {
     "flops": "4·batch·heads·seq²·head_dim forward (query heads for GQA), halved when causal; a sliding window "
     "counts its visible (query, key) pairs exactly; forward+backward is 3.5× forward (backward = 2.5× forward).",
-    "timing": "jax: compiled once (compile_s), a first call (read for memory) and a second (the estimate), then "
-    "batches of up to 20 calls each ending in one block_until_ready, up to five batches sized to budget_s; median "
-    "and spread (ms_lo..ms_hi) of the batches. A call slower than half the budget is timed once more and its "
-    "warm-up call is the second sample. torch on CUDA: triton.testing.do_bench(warmup=50, rep=300), median and "
-    "20th..80th percentiles; torch compile_s is its first call.",
-    "memory": "GPU: peak bytes in use during the first call, inputs and outputs included (jax: the allocator's "
-    "peak_bytes_in_use, peak_exact=false when it stayed below an earlier high-water mark, so the value is an "
-    "upper bound; torch: max_memory_allocated after reset_peak_memory_stats). Elsewhere (peak_source=compiled): "
-    "the compiled program's arguments + outputs + temporaries.",
+    "timing": "jax: compiled once (compile_s) and a first call (read for memory); the implementations of one "
+    "problem and mode, on the same inputs in one process, timed against each other: two warm-up calls each, then "
+    "up to ten rounds (at least three) of one batch of every call in turn, batches of up to 20 calls sized so that "
+    "a call's batches take about budget_s, each ending in one block_until_ready; median and spread (ms_lo..ms_hi) "
+    "of a call's batches. On a GPU a memory sweep (stop_at_oom) runs each implementation in its own process "
+    "instead, timed alone: batches of up to 20 calls, up to five sized to budget_s (a call slower than half the "
+    "budget is timed once more and its warm-up call is the second sample). The timer field says which. torch on "
+    "CUDA: triton.testing.do_bench(warmup=50, rep=300), median and 20th..80th percentiles; torch compile_s is its "
+    "first call.",
+    "memory": "GPU: peak bytes in use during the first call, inputs and outputs included (torch: "
+    "max_memory_allocated after reset_peak_memory_stats; jax, in memory sweeps, where each implementation has its "
+    "own process: the allocator's peak_bytes_in_use, peak_exact=false when it stayed below an earlier high-water "
+    "mark, so the value is an upper bound). Elsewhere, and jax outside memory sweeps (peak_source=compiled): the "
+    "compiled program's arguments + outputs + temporaries.",
 }
 
 

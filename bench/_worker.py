@@ -3,7 +3,9 @@
 A worker reads ``{"tasks": [...], "deadline": ..., "budget_s": ..., "seed": ...}`` as JSON
 on stdin and writes one JSON line per event on the stdout it started with: ``{"event":
 "start", "id": ...}`` before a measurement and ``{"event": "result", "id": ..., ...}``
-after it. Everything else the process prints (the frameworks' own logging included) goes
+after it. A request with ``"together": true`` has the tasks of one mode and problem
+(consecutive) measured together: each started in turn, then all timed against each other,
+then their results. Everything else the process prints (the frameworks' own logging included) goes
 to stderr, which the runner keeps in ``bench.log``. After an out-of-memory error the
 worker exits, so that the runner continues in a fresh process with clean allocator
 statistics.
@@ -137,8 +139,27 @@ def time_rounds(
     }
 
 
-def serve(measure: Callable[[dict, dict], dict]) -> None:
-    """Runs ``measure(task, request)`` on each task from stdin; see the module doc."""
+def _runs(request: dict) -> list[list[dict]]:
+    """The request's tasks one by one or, where it says ``"together"``, in runs of
+    consecutive tasks of one mode and problem."""
+    runs: list[list[dict]] = []
+    for task in request["tasks"]:
+        last = runs[-1][0] if runs else None
+        if request.get("together") and last and (last["mode"], last["problem"]) == (task["mode"], task["problem"]):
+            runs[-1].append(task)
+        else:
+            runs.append([task])
+    return runs
+
+
+def serve(
+    measure: Callable[[dict, dict], dict],
+    together: Callable[[list[dict], dict, Callable[[dict], None]], dict] | None = None,
+) -> None:
+    """Runs ``measure(task, request)`` on each task from stdin or, where the request says
+    ``"together"``, ``together(tasks, request, started)`` on each run of tasks of one mode
+    and problem (`_runs`), which calls ``started(task)`` as it begins each one and returns
+    ``{id: result}``; see the module doc."""
     protocol = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     sys.stdout = sys.stderr
@@ -147,16 +168,24 @@ def serve(measure: Callable[[dict, dict], dict]) -> None:
     def emit(event: dict) -> None:
         protocol.write(json.dumps(event) + "\n")
 
-    for task in request["tasks"]:
-        if time.time() > request["deadline"]:
-            emit({"event": "result", "id": task["id"], "status": "skipped", "error": "the run's time limit passed"})
-            continue
+    def started(task: dict) -> None:
         emit({"event": "start", "id": task["id"]})
         print(f"[bench] {task['impl']} {task['mode']} {task['problem']}", file=sys.stderr, flush=True)
+
+    for run in _runs(request):
+        if time.time() > request["deadline"]:
+            for task in run:
+                emit({"event": "result", "id": task["id"], "status": "skipped", "error": "the run's time limit passed"})
+            continue
         try:
-            result = measure(task, request)
-        except Exception as exc:
-            result = failure(exc)
-        emit({"event": "result", "id": task["id"], **result})
-        if result["status"] == "oom":
+            if request.get("together"):
+                results = together(run, request, started)
+            else:
+                started(run[0])
+                results = {run[0]["id"]: measure(run[0], request)}
+        except Exception as exc:  # in timing, where every task of the run shares the failure
+            results = {task["id"]: failure(exc) for task in run}
+        for task in run:
+            emit({"event": "result", "id": task["id"], **results[task["id"]]})
+        if any(result["status"] == "oom" for result in results.values()):
             return

@@ -3,12 +3,17 @@ and cuDNN), JAX's bundled Pallas-Triton ``mha`` and tokamax's Mosaic GPU kernel.
 `bench.runner` as ``python -m bench.jax_worker`` (protocol in `bench._worker`).
 
 Each task compiles its function once (``jit(f).lower(...).compile()``, timed as the
-compile time), calls it once for memory, then times it with `bench._worker.time_batches`.
+compile time) and calls it once for memory. The runner asks for the implementations of
+each problem and mode together (`measure_together`): on the same inputs, timed against
+each other in interleaved rounds (`bench._worker.time_rounds`), so that their ratios come
+from one process. A task alone in its process (`measure`) is timed in batches
+(`bench._worker.time_batches`).
 
-Memory: on a GPU, the allocator's ``peak_bytes_in_use`` after the first call, inputs and
-outputs included. JAX cannot reset that high-water mark, so the runner gives each worker
-one implementation and orders its tasks by growing size; a task that does not raise the
-mark gets ``peak_exact=False`` (its peak is at most the number given). Elsewhere it is the
+Memory: where a task has the process to itself on a GPU (the runner's memory sweeps), the
+allocator's ``peak_bytes_in_use`` after the first call, inputs and outputs included. JAX
+cannot reset that high-water mark, so the runner gives each such worker one
+implementation and orders its tasks by growing size; a task that does not raise the mark
+gets ``peak_exact=False`` (its peak is at most the number given). Otherwise it is the
 compiled program's footprint: arguments + outputs + temporaries - aliased bytes.
 """
 
@@ -18,6 +23,7 @@ import dataclasses
 import functools
 import time
 import warnings
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -98,14 +104,16 @@ def _footprint(compiled) -> int | None:
         return None
 
 
-def measure(task: dict, request: dict) -> dict:
-    p = Problem.from_dict(task["problem"])
+def _prepared(task: dict, args: tuple, own_process: bool) -> tuple[Callable[[], object], dict]:
+    """``task``'s function compiled for ``args`` and called once: the call (of no
+    arguments) and its compile time and memory. Memory is the allocator's high-water mark
+    on a GPU where the task has the process to itself (``own_process``), and the compiled
+    program's footprint otherwise."""
     baseline = _baseline()
-    stats = _memory_stats()
+    stats = _memory_stats() if own_process else None
     mark = stats["peak_bytes_in_use"] if stats else None
-    attend = attention(task["impl"], p)
+    attend = attention(task["impl"], Problem.from_dict(task["problem"]))
     fn = attend if task["mode"] == "fwd" else _forward_backward(attend)
-    args = inputs(p, task["mode"], request["seed"])
     with warnings.catch_warnings():
         # jax >= 0.11 deprecates lowering Pallas kernels through Triton; expected here.
         warnings.filterwarnings("ignore", message=".*Triton.*", category=DeprecationWarning)
@@ -114,15 +122,44 @@ def measure(task: dict, request: dict) -> dict:
         compile_s = time.perf_counter() - start
     footprint = _footprint(compiled)
     jax.block_until_ready(compiled(*args))
-    stats = _memory_stats()
+    stats = _memory_stats() if own_process else None
     if stats:
         peak = dict(peak_bytes=stats["peak_bytes_in_use"] - baseline, peak_source="device")
         peak["peak_exact"] = stats["peak_bytes_in_use"] > mark
     else:
         peak = dict(peak_bytes=footprint, peak_source="compiled" if footprint is not None else None, peak_exact=True)
-    timing = _worker.time_batches(lambda: compiled(*args), jax.block_until_ready, request["budget_s"], warm=1)
-    return dict(status="ok", compile_s=compile_s, compiled_bytes=footprint, **peak, **dataclasses.asdict(timing))
+    return functools.partial(compiled, *args), dict(compile_s=compile_s, compiled_bytes=footprint, **peak)
+
+
+def _args(task: dict, request: dict) -> tuple[jax.Array, ...]:
+    return inputs(Problem.from_dict(task["problem"]), task["mode"], request["seed"])
+
+
+def measure(task: dict, request: dict) -> dict:
+    """One task in a process of its own: compiled, called once for memory, then timed in
+    batches (`_worker.time_batches`)."""
+    call, fields = _prepared(task, _args(task, request), own_process=True)
+    timing = _worker.time_batches(call, jax.block_until_ready, request["budget_s"], warm=1)
+    return dict(status="ok", **fields, **dataclasses.asdict(timing))
+
+
+def measure_together(tasks: list[dict], request: dict, started: Callable[[dict], None]) -> dict:
+    """The tasks of one problem and mode (one implementation each) on the same inputs:
+    each compiled and called once, then those that ran timed against each other in
+    interleaved rounds (`_worker.time_rounds`); ``{id: result}``, a task that raised
+    compiling or in its first call recorded as its `_worker.failure`."""
+    args = _args(tasks[0], request)
+    calls, fields, results = {}, {}, {}
+    for task in tasks:
+        started(task)
+        try:
+            calls[task["id"]], fields[task["id"]] = _prepared(task, args, own_process=False)
+        except Exception as exc:  # recorded in its row; the others are still timed
+            results[task["id"]] = _worker.failure(exc)
+    for key, timing in _worker.time_rounds(calls, jax.block_until_ready, request["budget_s"]).items():
+        results[key] = dict(status="ok", **fields[key], **dataclasses.asdict(timing))
+    return results
 
 
 if __name__ == "__main__":
-    _worker.serve(measure)
+    _worker.serve(measure, measure_together)

@@ -135,6 +135,24 @@ def _memory(records: list[dict], mode: str) -> list[str]:
     return _table(header, rows)
 
 
+def _processes(records: list[dict]) -> str | None:
+    """How a suite's JAX implementations were timed, from their records' timers: against
+    each other in one process, or each in a process of its own."""
+    timers = [r["timer"] for r in records if r["framework"] != "torch" and _ok(r)]
+    if not timers:
+        return None
+    torch = any(r["framework"] == "torch" and _ok(r) for r in records)
+    if all("interleaved" in timer for timer in timers):
+        return "The JAX implementations of each shape ran in one process, timed against each other in " + (
+            "interleaved rounds; PyTorch's in another process." if torch else "interleaved rounds."
+        )
+    return (
+        "Each JAX implementation ran in a process of its own"
+        + (" (PyTorch's in another)" if torch else "")
+        + ": its ratios to the others are between processes."
+    )
+
+
 def _suite_title(suite: dict) -> str:
     parts = []
     if suite["tokens"]:
@@ -184,7 +202,10 @@ def render(results: dict, baselines: tuple[str, ...] = BASELINES, focus: str | N
         blocks = {problem: by_impl for (name, problem), by_impl in group(rs).items()}
         modes = [m for m in MODES if m in suite["modes"]]
         present = [b for b in baselines if any(r["impl"] == b and _ok(r) for r in rs)]
-        lines += ["", f"### {_suite_title(suite)}", "", *_summary(blocks, modes, present)]
+        lines += ["", f"### {_suite_title(suite)}", ""]
+        processes = _processes(rs)
+        lines += [processes, ""] if processes else []
+        lines += _summary(blocks, modes, present)
         if focus is not None and not suite["stop_at_oom"]:
             lines += ["", f"`{focus}` shape by shape:", "", *_focus(blocks, focus, modes, present)]
         if suite["stop_at_oom"]:

@@ -1,13 +1,16 @@
 """Runs the measurements in worker processes and collects one record per measurement.
 
-JAX and PyTorch never share a process. On a GPU each JAX implementation gets workers of
-its own, its tasks ordered by growing size so that the allocator's high-water mark (which
-JAX cannot reset) reads each task's peak; the PyTorch backends share one worker, as
-PyTorch resets its peak statistics. A worker that runs out of memory exits and the rest of
-its tasks continue in a fresh one; a measurement that outlives ``timeout_s`` is killed and
-recorded as ``"timeout"``; past the run's deadline the remaining tasks are ``"skipped"``.
-Every record has the same keys (`RESULT_FIELDS` after the task's own), so an
-out-of-memory or failed run is a row with a status, never a made-up number.
+JAX and PyTorch never share a process. JAX's implementations of each problem and mode
+are timed together, in one worker, against each other in interleaved rounds (so their
+ratios are measured in one process); on a GPU a suite that sweeps memory (``stop_at_oom``)
+gives each JAX implementation workers of its own instead, its tasks ordered by growing
+size, so that the allocator's high-water mark (which JAX cannot reset) reads each task's
+peak. The PyTorch backends share one worker, as PyTorch resets its peak statistics. A
+worker that runs out of memory exits and the rest of its tasks continue in a fresh one; a
+measurement that outlives ``timeout_s`` is killed and recorded as ``"timeout"``; past the
+run's deadline the remaining tasks are ``"skipped"``. Every record has the same keys
+(`RESULT_FIELDS` after the task's own), so an out-of-memory or failed run is a row with a
+status, never a made-up number.
 """
 
 from __future__ import annotations
@@ -97,19 +100,34 @@ def plan(suites: Iterable[Suite], impls: list[str], env: dict) -> tuple[list[Tas
     return tasks, known
 
 
-def _groups(tasks: list[Task], on_gpu: bool) -> list[tuple[str, list[Task]]]:
-    """(worker module, tasks) in running order."""
+def _groups(tasks: list[Task], on_gpu: bool) -> list[tuple[str, list[Task], bool]]:
+    """``(worker module, tasks, together)`` in running order: the JAX tasks in one group
+    whose worker times each problem and mode's implementations together, except on a GPU
+    those of suites that sweep memory, a group per implementation; PyTorch's in one."""
     by_key: dict[str, list[Task]] = {}
     for task in tasks:
-        fw = catalog.framework(task.impl)
-        key = "torch" if fw == "torch" else (task.impl if on_gpu else "jax")
+        if catalog.framework(task.impl) == "torch":
+            key = "torch"
+        elif on_gpu and task.stop_at_oom:
+            key = task.impl
+        else:
+            key = "jax"
         by_key.setdefault(key, []).append(task)
+
+    def priority(key: str) -> float:
+        return max(catalog.priority(t.impl) for t in by_key[key]) if key == "jax" else catalog.priority(key)
+
     # On a GPU the fastest first: if the deadline cuts the run short, the slow ones are lost.
-    keys = sorted(by_key, key=lambda k: -catalog.priority(k))
+    # Smallest first, a problem and mode's tasks by the largest of them, next to each other.
+    sizes: dict[tuple, float] = {}
+    for task in tasks:
+        run = (task.suite, task.problem, task.mode)
+        sizes[run] = max(sizes.get(run, 0.0), task.size())
     groups = []
-    for key in keys:
-        ordered = sorted(by_key[key], key=lambda t: (t.size(), MODES.index(t.mode), t.id))
-        groups.append(("bench.torch_worker" if key == "torch" else "bench.jax_worker", ordered))
+    for key in sorted(by_key, key=lambda k: -priority(k)):
+        ordered = sorted(by_key[key], key=lambda t: (sizes[t.suite, t.problem, t.mode], MODES.index(t.mode), t.id))
+        module = "bench.torch_worker" if key == "torch" else "bench.jax_worker"
+        groups.append((module, ordered, key == "jax"))
     return groups
 
 
@@ -168,20 +186,21 @@ class Runner:
             if task.id in known:
                 self._record(task, known[task.id])
         todo = [t for t in tasks if t.id not in known]
-        for module, group in _groups(todo, catalog.on_gpu(self.env)):
-            self.run_group(module, group)
+        for module, group, together in _groups(todo, catalog.on_gpu(self.env)):
+            self.run_group(module, group, together)
         return [self.records[t.id] for t in tasks]
 
-    def run_group(self, module: str, tasks: list[Task]) -> None:
+    def run_group(self, module: str, tasks: list[Task], together: bool = False) -> None:
         """Runs ``tasks`` in order in workers ``python -m module``, a fresh one after each
-        out-of-memory error, crash or time-out."""
+        out-of-memory error, crash or time-out; with ``together``, each problem and mode's
+        tasks timed against each other (`bench._worker.serve`)."""
         pending = tasks
         while pending:
             if time.time() > self.deadline:
                 for task in pending:
                     self._record(task, dict(status="skipped", error="the run's time limit passed"))
                 return
-            pending = self._worker(module, pending)
+            pending = self._worker(module, pending, together)
 
     def _record(self, task: Task, result: dict) -> None:
         record = task.record()
@@ -205,11 +224,15 @@ class Runner:
                 del pending[task.id]
                 self._record(task, dict(status="skipped", error=f"out of memory at seq_len={failed.problem.seq_len}"))
 
-    def _worker(self, module: str, tasks: list[Task]) -> list[Task]:
+    def _worker(self, module: str, tasks: list[Task], together: bool) -> list[Task]:
         """Runs ``tasks`` in one worker process; returns those it did not finish."""
         pending = {t.id: t for t in tasks}
         request = dict(
-            tasks=[t.payload() for t in tasks], deadline=self.deadline, budget_s=self.budget_s, seed=self.seed
+            tasks=[t.payload() for t in tasks],
+            deadline=self.deadline,
+            budget_s=self.budget_s,
+            seed=self.seed,
+            together=together,
         )
         proc = subprocess.Popen(
             [sys.executable, "-m", module],

@@ -168,24 +168,42 @@ def test_an_oom_in_a_sweep_skips_its_longer_lengths():
     assert len(pending) == 4
 
 
-def test_workers_run_one_implementation_each_on_a_gpu_smallest_first():
-    """Fastest first (a jaxtile implementation's record's speed, the peers' place on that
-    scale), so that a deadline cuts the slowest; each group's tasks smallest first."""
-    tasks, _ = runner.plan([STANDARD], ["scan_v2", "jax.xla", "torch.flash", "torch.cudnn"], GPU_ENV)
+def test_jax_workers_time_each_shape_s_implementations_together_but_a_gpu_memory_sweep_s_apart():
+    """On a GPU: one JAX worker times each problem and mode's implementations against each
+    other (fastest group first, by the fastest implementation in it), a memory sweep
+    (stop_at_oom) gives each JAX implementation its own, PyTorch's share one; each group's
+    tasks smallest first, a problem and mode's tasks next to each other."""
+    impls = ["scan_v2", "jax.xla", "torch.flash", "torch.cudnn"]
+    tasks, _ = runner.plan([STANDARD, MEMORY], impls, GPU_ENV)
     groups = runner._groups(tasks, on_gpu=True)
-    assert [(module, {t.impl for t in ts}) for module, ts in groups] == [
-        ("bench.torch_worker", {"torch.flash", "torch.cudnn"}),
-        ("bench.jax_worker", {"scan_v2"}),
-        ("bench.jax_worker", {"jax.xla"}),
+    assert [(module, {(t.suite, t.impl) for t in ts}, together) for module, ts, together in groups] == [
+        ("bench.torch_worker", {(s, i) for s in ("standard", "memory") for i in ("torch.flash", "torch.cudnn")}, False),
+        ("bench.jax_worker", {("standard", "scan_v2"), ("standard", "jax.xla")}, True),
+        ("bench.jax_worker", {("memory", "scan_v2")}, False),
+        ("bench.jax_worker", {("memory", "jax.xla")}, False),
     ]
-    sizes = [t.size() for t in groups[1][1]]
-    assert sizes == sorted(sizes)
+    together, alone = groups[1][1], groups[2][1]
+    assert [t.size() for t in alone] == sorted(t.size() for t in alone)
+    largest = [max(u.size() for u in together if (u.problem, u.mode) == (t.problem, t.mode)) for t in together]
+    assert largest == sorted(largest)
+    runs = [(t.mode, t.problem) for t in together]
+    assert len(runs) == 2 * len(set(runs))
+    assert all(runs[k] == runs[k + 1] for k in range(0, len(runs), 2))
+    cpu = runner._groups(tasks, on_gpu=False)
+    assert [(module, together) for module, _, together in cpu] == [
+        ("bench.torch_worker", False),
+        ("bench.jax_worker", True),
+    ]
 
 
-def _record(impl: str, mode: str, ms: float, **problem) -> dict:
+def _record(
+    impl: str, mode: str, ms: float, timer: str = "10 rounds of 20 calls, interleaved with 1 other call", **problem
+) -> dict:
     p = _problem(**problem)
-    r = dict(suite="standard", impl=impl, mode=mode, **p.as_dict(), flops=p.flops(mode))
-    r.update(dict.fromkeys(runner.RESULT_FIELDS), status="ok", ms=ms, ms_lo=ms, ms_hi=ms, peak_exact=True)
+    r = dict(
+        suite="standard", impl=impl, framework=catalog.framework(impl), mode=mode, **p.as_dict(), flops=p.flops(mode)
+    )
+    r.update(dict.fromkeys(runner.RESULT_FIELDS), status="ok", ms=ms, ms_lo=ms, ms_hi=ms, peak_exact=True, timer=timer)
     r["tflops"] = r["flops"] / ms / 1e9
     return r
 
@@ -205,6 +223,10 @@ def test_report_ratios_are_speed_relative_to_the_baseline():
     summary = next(line for line in text.splitlines() if line.startswith("| scan_v2 |"))
     assert summary.endswith("| 0.35× |")  # geometric mean of 0.5 and 0.25
     assert "| jax.cudnn |" in text and "vs jax.cudnn" in text
+    assert "ran in one process, timed against each other in interleaved rounds." in text
+
+    results["measurements"] = [{**r, "timer": "5 batches of 20 calls"} for r in records]
+    assert "Each JAX implementation ran in a process of its own" in report.render(results)
 
 
 def test_tiny_run_end_to_end(tmp_path):
@@ -315,6 +337,54 @@ def test_runner_survives_oom_crash_and_hang(tmp_path, monkeypatch):
         ("ok", "ok"),
     ]
     assert "exited with code 3" in run.records[3]["error"]
+
+
+FAKE_TOGETHER_WORKER = """
+import os
+from bench import _worker
+
+def together(tasks, request, started):
+    results = {}
+    for task in tasks:
+        started(task)
+        if task["impl"] == "crash":
+            os._exit(3)
+        results[task["id"]] = dict(status="ok", ms=1.0, ms_lo=1.0, ms_hi=1.0, timer=f"with {len(tasks)}, pid {os.getpid()}")
+    return results
+
+_worker.serve(None, together)
+"""
+
+
+def test_a_together_worker_measures_each_run_of_a_problem_and_mode_at_once(tmp_path, monkeypatch):
+    """`_worker.serve` with ``"together"``: each run of consecutive tasks of one problem and
+    mode goes to ``together`` at once; a crash in a run costs the task that was running,
+    and the rest of the run is measured together in a fresh worker."""
+    (tmp_path / "fake_together.py").write_text(FAKE_TOGETHER_WORKER)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    runs = [("a", "fwd", 64), ("b", "fwd", 64), ("c", "fwdbwd", 64), ("crash", "fwd", 128), ("d", "fwd", 128)]
+    runs += [("e", "fwd", 128)]
+    tasks = [
+        runner.Task(i, "standard", impl, mode, _problem(seq_len=n), False) for i, (impl, mode, n) in enumerate(runs)
+    ]
+    run = runner.Runner(
+        GPU_ENV,
+        log=sys.stderr,
+        budget_s=0,
+        timeout_s=30,
+        deadline=runner.deadline_after(None),
+        seed=0,
+        on_record=lambda t, r: None,
+    )
+    run.run_group("fake_together", tasks, together=True)
+    records = [run.records[t.id] for t in tasks]
+    assert [r["status"] for r in records] == ["ok", "ok", "ok", "error", "ok", "ok"]
+    timers = [r["timer"] for r in records]
+    assert [t.split(",")[0] for t in timers[:3]] == ["with 2", "with 2", "with 1"]
+    assert timers[0] == timers[1] != timers[2]
+    assert "exited with code 3" in records[3]["error"]
+    # after the crash, d and e (already started with it or not) run together in a fresh worker
+    assert timers[4] == timers[5] and timers[4].startswith("with 2") and timers[4] != timers[0]
 
 
 def test_time_rounds_interleaves_batches_of_every_call():
