@@ -3,12 +3,12 @@
 A worker reads ``{"tasks": [...], "deadline": ..., "budget_s": ..., "seed": ...}`` as JSON
 on stdin and writes one JSON line per event on the stdout it started with: ``{"event":
 "start", "id": ...}`` before a measurement and ``{"event": "result", "id": ..., ...}``
-after it. A request with ``"together": true`` has the tasks of one mode and problem
-(consecutive) measured together: each started in turn, then all timed against each other,
-then their results. Everything else the process prints (the frameworks' own logging included) goes
-to stderr, which the runner keeps in ``bench.log``. After an out-of-memory error the
-worker exits, so that the runner continues in a fresh process with clean allocator
-statistics.
+after it; a request with ``"together": true`` has each run of consecutive tasks of one
+mode and problem measured together (each started in turn, then all timed against each
+other, then their results). Everything else the process prints (the frameworks' own
+logging included) goes to stderr, which the runner keeps in ``bench.log``. After an
+out-of-memory error the worker exits, so that the runner continues in a fresh process
+with clean allocator statistics.
 
 This module imports neither JAX nor PyTorch.
 """
