@@ -312,6 +312,19 @@ _worker.serve(measure)
 """
 
 
+def _runner(timeout_s: float, on_record=lambda task, record: None) -> runner.Runner:
+    """A runner of fake workers (on ``PYTHONPATH``), with no deadline."""
+    return runner.Runner(
+        GPU_ENV,
+        log=sys.stderr,
+        budget_s=0,
+        timeout_s=timeout_s,
+        deadline=runner.deadline_after(None),
+        seed=0,
+        on_record=on_record,
+    )
+
+
 def test_runner_survives_oom_crash_and_hang(tmp_path, monkeypatch):
     """A fresh worker after each OOM, crash and time-out; every task gets a record."""
     (tmp_path / "fake_worker.py").write_text(FAKE_WORKER)
@@ -319,15 +332,7 @@ def test_runner_survives_oom_crash_and_hang(tmp_path, monkeypatch):
     kinds = ["ok", "oom", "ok", "crash", "ok", "hang", "ok"]
     tasks = [runner.Task(i, "standard", kind, "fwd", _problem(), False) for i, kind in enumerate(kinds)]
     seen = []
-    run = runner.Runner(
-        GPU_ENV,
-        log=sys.stderr,
-        budget_s=0,
-        timeout_s=3,
-        deadline=runner.deadline_after(None),
-        seed=0,
-        on_record=lambda task, record: seen.append((task.impl, record["status"])),
-    )
+    run = _runner(timeout_s=3, on_record=lambda task, record: seen.append((task.impl, record["status"])))
     run.run_group("fake_worker", tasks)
     assert seen == [
         ("ok", "ok"),
@@ -364,20 +369,12 @@ def test_a_together_worker_measures_each_run_of_a_problem_and_mode_at_once(tmp_p
     and the rest of the run is measured together in a fresh worker."""
     (tmp_path / "fake_together.py").write_text(FAKE_TOGETHER_WORKER)
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
-    runs = [("a", "fwd", 64), ("b", "fwd", 64), ("c", "fwdbwd", 64), ("crash", "fwd", 128), ("d", "fwd", 128)]
-    runs += [("e", "fwd", 128)]
+    runs = [("a", "fwd", 64), ("b", "fwd", 64), ("c", "fwdbwd", 64)]
+    runs += [("crash", "fwd", 128), ("d", "fwd", 128), ("e", "fwd", 128)]
     tasks = [
         runner.Task(i, "standard", impl, mode, _problem(seq_len=n), False) for i, (impl, mode, n) in enumerate(runs)
     ]
-    run = runner.Runner(
-        GPU_ENV,
-        log=sys.stderr,
-        budget_s=0,
-        timeout_s=30,
-        deadline=runner.deadline_after(None),
-        seed=0,
-        on_record=lambda t, r: None,
-    )
+    run = _runner(timeout_s=30)
     run.run_group("fake_together", tasks, together=True)
     records = [run.records[t.id] for t in tasks]
     assert [r["status"] for r in records] == ["ok", "ok", "ok", "error", "ok", "ok"]
