@@ -164,6 +164,8 @@ def serve(
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     sys.stdout = sys.stderr
     request = json.load(sys.stdin)
+    if request.get("together") and together is None:
+        raise ValueError("the request asks for runs measured together, which this worker cannot do")
 
     def emit(event: dict) -> None:
         protocol.write(json.dumps(event) + "\n")

@@ -346,6 +346,19 @@ def test_runner_survives_oom_crash_and_hang(tmp_path, monkeypatch):
     assert "exited with code 3" in run.records[3]["error"]
 
 
+def test_a_worker_that_cannot_measure_together_refuses_such_a_request(tmp_path, monkeypatch, capfd):
+    """A request for runs measured together, to a worker with no ``together``, ends it at
+    start with the reason: each task is an error, none is measured alone."""
+    (tmp_path / "fake_worker.py").write_text(FAKE_WORKER)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    tasks = [runner.Task(i, "standard", "ok", "fwd", _problem(), False) for i in range(2)]
+    run = _runner(timeout_s=30)
+    run.run_group("fake_worker", tasks, together=True)
+    assert [run.records[t.id]["status"] for t in tasks] == ["error", "error"]
+    assert "exited with code 1" in run.records[0]["error"]
+    assert "asks for runs measured together" in capfd.readouterr().err
+
+
 FAKE_TOGETHER_WORKER = """
 import os
 from bench import _worker
