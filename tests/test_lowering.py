@@ -76,6 +76,23 @@ def test_triton_kernels_lower_to_modules_that_verify(impl, mask, verified_module
     assert len(verified_modules) >= 3  # the forward, and the backward's kernels
 
 
+@pytest.mark.parametrize("q_len", [3, 130], ids=["packed_heads", "rows"])
+@pytest.mark.parametrize("impl", [i for i in TRITON if i.takes_sinks], ids=lambda i: i.name)
+def test_forward_kernels_taking_sinks_lower_to_modules_that_verify(impl, q_len, verified_modules):
+    """The sinks read per row, where a short query's tile packs a group's heads and where
+    its rows are one head's positions."""
+    q, k = S((2, q_len, 4, 64), jnp.bfloat16), S((2, 200, 2, 64), jnp.bfloat16)
+    sinks = S((4,), jnp.float32)
+    _lower(
+        lambda q, k, v, s: jaxtile.flash_attention(q, k, v, sinks=s, causal=True, implementation=impl.name),
+        q,
+        k,
+        k,
+        sinks,
+    )
+    assert len(verified_modules) == 1
+
+
 @pytest.mark.parametrize("impl", [i for i in TRITON if i.paged_forward is not None], ids=lambda i: i.name)
 def test_paged_kernels_lower_to_modules_that_verify(impl, verified_modules):
     q, pages = S((2, 3, 4, 64), jnp.bfloat16), S((2, 40, 16, 64), jnp.bfloat16)

@@ -441,16 +441,17 @@ def test_a_bias_runs_on_the_triton_kernels_where_its_ring_does_not_fit(monkeypat
     queries, which it would materialise), and the backward one whose rings and
     gradient's tiles fit (not at head dim 256, where the dQ kernel's consumers share
     their rows; not a float32 gradient beside a bias's ring at head dim 128); both hand
-    the others to the Triton family with this family's tuning dropped."""
+    the others to the Triton family with this family's tuning dropped, and the sinks to
+    its forward, which takes them."""
     calls = []
     monkeypatch.setattr(v3, "forward_pass", lambda *args: calls.append("mosaic") or (None, None))
     monkeypatch.setattr(v3, "backward_pass", lambda *args: calls.append("mosaic backward") or (None,) * 4)
     triton = types.SimpleNamespace(
-        forward=lambda inputs, config: calls.append(("triton", config.tuning)) or (None,) * 3,
+        forward=lambda inputs, config: calls.append(("triton", config.tuning, inputs.sinks is not None)) or (None,) * 3,
         backward=lambda *args: calls.append(("triton backward", args[-1].tuning)) or (None,) * 4,
     )
     monkeypatch.setattr(v3, "triton_v2", types.SimpleNamespace(IMPLEMENTATION=triton))
-    biased = (("causal", "bias"), ("d256_causal", "bias"), ("causal", "bias32+dense"), ("causal", "bias_keys"))
+    biased = (("causal", "bias"), ("d256_causal", "bias"), ("causal", "bias32+dense"), ("causal", "bias_keys+sinks"))
     taken = (("window_gqa_ragged_d80_v48", "bias"), ("full_d64", "bias32+dense"), ("causal", ""))
     for name, runtime in (*biased, *taken):
         inputs, config = _call(*CALLS[name], runtime=runtime, tuning=v3.Tuning())
@@ -460,7 +461,7 @@ def test_a_bias_runs_on_the_triton_kernels_where_its_ring_does_not_fit(monkeypat
         *("mosaic", ("triton backward", None)),  # batch 2, a bias per head: a float32 gradient
         *("mosaic", ("triton backward", None)),
         *("mosaic", ("triton backward", None)),
-        *(("triton", None), ("triton backward", None)),
+        *(("triton", None, True), ("triton backward", None)),
         *("mosaic", "mosaic backward") * 3,
     ]
 

@@ -18,6 +18,9 @@ from jax_settings import jax_test_config
 
 import jaxtile
 from jaxtile import registry
+from jaxtile._core import Config, Inputs
+from jaxtile._softmax import Logits
+from jaxtile.mask import MaskSpec
 from jaxtile.triton import decode
 from jaxtile.triton.tuning import KernelTuning
 from parity import reference
@@ -319,6 +322,17 @@ def test_decode_share_count_must_be_a_positive_int(num_splits):
     t = KernelTuning(16, 16, 4, 2)
     with pytest.raises(ValueError, match=f"num_splits={num_splits!r}"):
         decode.Tuning(t, t, t, num_splits=num_splits)
+
+
+def test_a_split_kv_forward_refuses_sinks():
+    """Shares of the keys merge by their lse: sinks taken in each would count once per
+    share, so the kernel refuses them (pallas_decode's record does not take them)."""
+    q, k = (jax.ShapeDtypeStruct((1, n, 4, 32), jnp.bfloat16) for n in (2, 256))
+    inputs = Inputs(q, k, k, sinks=jax.ShapeDtypeStruct((4,), jnp.float32))
+    config = Config(MaskSpec.create(2, 256), Logits(32**-0.5), platform="cpu")
+    with pytest.raises(ValueError, match="got shares=2"):
+        decode.v2.forward_pass(inputs, config, KernelTuning(16, 32, 4, 2), splits=lambda dims, tiles: 2)
+    assert not registry.get("pallas_decode").takes_sinks
 
 
 @pytest.mark.parametrize("num_splits", [1, 3])

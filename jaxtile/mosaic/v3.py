@@ -591,12 +591,10 @@ def _takes_bias(inputs: Inputs, config: Config) -> bool:
 
 
 def _forward(inputs: Inputs, config: Config):
-    """`forward_pass`, or the Triton family's forward for a bias it does not take
-    (`_takes_bias`), the sinks folded in after it."""
+    """`forward_pass`, or the Triton family's forward (which takes the sinks too) for a
+    bias it does not take (`_takes_bias`)."""
     if inputs.bias is not None and not _takes_bias(inputs, config):
-        out, lse, _ = triton_v2.IMPLEMENTATION.forward(inputs._replace(sinks=None), _triton(config))
-        if inputs.sinks is not None:
-            out, lse = sm.with_sinks(out, lse, inputs.sinks)
+        out, lse, _ = triton_v2.IMPLEMENTATION.forward(inputs, _triton(config))
     else:
         out, lse = forward_pass(inputs, config)
     return out, lse, lse

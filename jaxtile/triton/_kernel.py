@@ -333,6 +333,13 @@ def store_rows_stat(ref, b, h0, start, value, tiles: Tiles, length: int):
     plgpu.store(view, value.reshape(n, pack), mask=(start + _iota(n) < length)[:, None])
 
 
+def load_heads_stat(ref, h0, tiles: Tiles):
+    """A per-head statistic ``ref [heads]`` for each row of a query tile, as ``[block_q]``
+    in `load_rows`' row order."""
+    per_head = ref[pl.ds(h0, tiles.pack)]
+    return jnp.broadcast_to(per_head[None, :], (tiles.positions, tiles.pack)).reshape(tiles.block_q)
+
+
 @dataclasses.dataclass(frozen=True)
 class RuntimeMask:
     """The runtime arrays of the mask (segment ids, dense mask, lengths, tile bounds) and

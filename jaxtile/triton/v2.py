@@ -94,12 +94,13 @@ def _packable(inputs: Inputs) -> bool:
     return all(x is None or x.shape[1] == 1 for x in (inputs.mask, inputs.bias))
 
 
-def _forward_kernel(*refs, kernel: pk.Kernel, splits: int, pages: pk.Pages | None):
+def _forward_kernel(*refs, kernel: pk.Kernel, splits: int, pages: pk.Pages | None, sinks: bool):
     """Algorithm 1 for one (query tile, batch, packed heads) — and, with ``splits`` > 1,
     one of ``splits`` equal shares of its key tiles (split-KV decoding: the partial
     results of the shares merge by their lse, `jaxtile._softmax.merge`). With ``pages``,
-    K and V are page pools read through a page table (the ref after them)."""
-    (q_ref, k_ref, v_ref, *table), runtime, (o_ref, lse_ref) = pk.split_refs(
+    K and V are page pools read through a page table (the ref after them). With
+    ``sinks``, a ref of the heads' sinks in base 2 (``[heads]``) follows the mask's."""
+    (q_ref, k_ref, v_ref, *table), runtime, (*sinks_ref, o_ref, lse_ref) = pk.split_refs(
         refs, 3 + (pages is not None), kernel.config
     )
     spec, logits, dims, tiles = kernel.config.mask, kernel.config.logits, kernel.dims, kernel.tiles
@@ -149,11 +150,15 @@ def _forward_kernel(*refs, kernel: pk.Kernel, splits: int, pages: pk.Pages | Non
             )
         return kernel.accumulate(acc * alpha[:, None], p, v_j, contained), m_i, l_i, next_ids
 
-    carry = (
-        jnp.zeros((tiles.block_q, kernel.head_dim_v_p), jnp.float32),
-        jnp.full((tiles.block_q,), -jnp.inf, jnp.float32),
-        jnp.zeros((tiles.block_q,), jnp.float32),
-    )
+    # Line 4: O_i = 0, l_i = 0, m_i = -inf; a sink is each row's first logit, with value
+    # 0 (m_i = sink, l_i = 1; l_i = 0 for a sink of -inf).
+    acc = jnp.zeros((tiles.block_q, kernel.head_dim_v_p), jnp.float32)
+    m_i = jnp.full((tiles.block_q,), -jnp.inf, jnp.float32)
+    l_i = jnp.zeros((tiles.block_q,), jnp.float32)
+    if sinks:
+        m_i = pk.load_heads_stat(sinks_ref[0], h0, tiles)
+        l_i = jnp.where(m_i == -jnp.inf, 0.0, 1.0)
+    carry = (acc, m_i, l_i)
     spans = runtime.spans(spec, b, h0, t, False, n, bk)
     if splits > 1:
         # Equal shares of the tiles this query tile visits (the spans are contiguous), so
@@ -186,18 +191,23 @@ def forward_pass(
     (split-KV decoding; one without it). With ``paged = (k_pages, v_pages, page_table)``
     (`pk.Pages`) the kernel reads K and V from the pages, and ``inputs.k``/``inputs.v``
     only give the shape of the cache they hold (``[batch, pages_per_sequence ·
-    page_size, num_kv_heads, dim]``); ``ids_ahead`` is `pk.Pages`'."""
+    page_size, num_kv_heads, dim]``); ``ids_ahead`` is `pk.Pages`'. ``inputs.sinks`` are
+    each row's first logit (one share only: the merge of several would count them once
+    per share)."""
     pages = None if paged is None else pk.Pages(paged[0].shape[2], paged[0].shape[1], ids_ahead)
     kernel = pk.Kernel.create(inputs, config, tuning, _FORWARD, packable=_packable(inputs))
     dims, tiles = kernel.dims, kernel.tiles
     shares = 1 if splits is None else splits(dims, tiles)
+    if inputs.sinks is not None and shares > 1:
+        raise ValueError(f"sinks need the keys in one share; got {shares=} (fold them into the merged result)")
     bounds = pk.tile_bounds(inputs, config.mask, tiles.positions, tiles.block_k, transposed=False)
+    sinks = [] if inputs.sinks is None else [inputs.sinks * sm.LOG2E]
     rows = shares * dims.batch
     out, lse = pk.launch(
-        functools.partial(_forward_kernel, splits=shares, pages=pages),
+        functools.partial(_forward_kernel, splits=shares, pages=pages, sinks=inputs.sinks is not None),
         kernel,
         num_programs=tiles.num_q_tiles(dims) * rows * (dims.num_heads // tiles.pack),
-        inputs=[inputs.q, *(paged or (inputs.k, inputs.v)), *pk.runtime_inputs(inputs), *bounds],
+        inputs=[inputs.q, *(paged or (inputs.k, inputs.v)), *pk.runtime_inputs(inputs), *bounds, *sinks],
         outputs=[
             jax.ShapeDtypeStruct(
                 (rows, dims.q_len, dims.num_heads, dims.head_dim_v), inputs.q.dtype if shares == 1 else jnp.float32
@@ -413,6 +423,7 @@ IMPLEMENTATION = registry.register(
         power_of_two_blocks=True,
         recognises_masks=True,
         lse_backward=True,
+        takes_sinks=True,
         tuning=tn.Tuning,
         speed=50,
     )
