@@ -12,18 +12,18 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_readme_performance_tables_are_generated_from_the_results():
-    results = json.loads((ROOT / "bench/results/h200/grid_bfe1e01/results.json").read_text())
+    results = json.loads((ROOT / "bench/results/h100/grid_627a0cf/results.json").read_text())
     readme = (ROOT / "README.md").read_text()
     section = readme.split("<!-- bench:begin -->\n")[1].split("<!-- bench:end -->")[0]
     assert section == report.render(results, focus="mosaic_v3"), (
-        "regenerate with: python -m bench.report bench/results/h200/grid_bfe1e01/results.json --focus mosaic_v3"
+        "regenerate with: python -m bench.report bench/results/h100/grid_627a0cf/results.json --focus mosaic_v3"
     )
 
 
 def test_readme_check_table_is_generated_from_the_results():
     from bench import check
 
-    parts = [f"bench/results/h100/check_43b9511_part{k}.json" for k in (1, 2)]
+    parts = [f"bench/results/h100/check_627a0cf_part{k}.json" for k in (1, 2)]
     results = check.merge([json.loads((ROOT / part).read_text()) for part in parts])
     readme = (ROOT / "README.md").read_text()
     section = readme.split("<!-- check:begin -->\n")[1].split("<!-- check:end -->")[0]
