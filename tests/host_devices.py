@@ -2,11 +2,13 @@
 
 ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` only takes effect if it is set
 before JAX initialises its backend, which the test session has long done; so the checks
-run in a fresh Python, all of a module's in one process (compiling is what costs), from
-one test of that module:
+run in a fresh Python, a module's in one process (compiling is what costs), from one
+test of that module; a module with many checks shares them out over several tests
+(``part=(k, n)``: every n-th check from the k-th), which the test workers run side by side:
 
-    def test_on_host_devices():
-        host_devices.assert_checks_pass(__file__)
+    @pytest.mark.parametrize("part", range(2))
+    def test_on_host_devices(part):
+        host_devices.assert_checks_pass(__file__, part=(part, 2))
 """
 
 from __future__ import annotations
@@ -28,15 +30,21 @@ def _checks(namespace: dict) -> list[str]:
     return sorted(name for name, value in namespace.items() if name.startswith("check_") and callable(value))
 
 
-def run_checks(path: str, timeout: float = 600) -> dict[str, str]:
-    """Runs every ``check_*`` function of the module at ``path`` with 8 host devices.
+def run_checks(path: str, part: tuple[int, int] = (0, 1), timeout: float = 600) -> dict[str, str]:
+    """Runs the ``check_*`` functions of the module at ``path`` with 8 host devices: of
+    their sorted names, every ``n``-th from the ``k``-th, ``(k, n) = part``.
 
     Returns ``{name: ""}`` for checks that passed and ``{name: traceback}`` otherwise.
     """
     flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={DEVICES}".strip()
     env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
     proc = subprocess.run(
-        [sys.executable, __file__, str(path)], env=env, capture_output=True, text=True, timeout=timeout, check=False
+        [sys.executable, __file__, str(path), *map(str, part)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
     lines = proc.stdout.strip().splitlines()
     if proc.returncode or not lines:
@@ -52,16 +60,17 @@ def collectives(hlo: str) -> dict[str, int]:
     return {name: len(re.findall(rf"\b{name}(-start)?\(", hlo)) for name in names}
 
 
-def assert_checks_pass(path: str) -> None:
-    """Runs the checks of the module at ``path``; fails with the tracebacks of those that failed."""
-    results = run_checks(path)
-    assert results, f"{path} has no check_* functions"
+def assert_checks_pass(path: str, part: tuple[int, int] = (0, 1)) -> None:
+    """Runs the checks of the module at ``path`` (those of ``part``, `run_checks`); fails
+    with the tracebacks of those that failed."""
+    results = run_checks(path, part)
+    assert results, f"{path} has no check_* functions in {part=}"
     failed = {name: trace for name, trace in results.items() if trace}
     report = "\n".join(f"--- {name} ---\n{trace}" for name, trace in failed.items())
     assert not failed, f"{len(failed)} of {len(results)} checks failed on {DEVICES} host devices:\n{report}"
 
 
-def _main(path: str) -> None:
+def _main(path: str, k: int, n: int) -> None:
     for directory in (_ROOT, Path(path).resolve().parent):
         sys.path.insert(0, str(directory))
     spec = importlib.util.spec_from_file_location(Path(path).stem, path)
@@ -73,7 +82,7 @@ def _main(path: str) -> None:
     if len(jax.devices()) != DEVICES:
         raise RuntimeError(f"expected {DEVICES} host devices, got {jax.devices()}")
     outcome = {}
-    for name in _checks(vars(module)):
+    for name in _checks(vars(module))[k::n]:
         try:
             getattr(module, name)()
             outcome[name] = ""
@@ -83,4 +92,4 @@ def _main(path: str) -> None:
 
 
 if __name__ == "__main__":
-    _main(sys.argv[1])
+    _main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))

@@ -12,11 +12,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_readme_performance_tables_are_generated_from_the_results():
-    results = json.loads((ROOT / "bench/results/h100/grid_627a0cf/results.json").read_text())
+    results = json.loads((ROOT / "bench/results/h200/grid_fa21b15/results.json").read_text())
     readme = (ROOT / "README.md").read_text()
     section = readme.split("<!-- bench:begin -->\n")[1].split("<!-- bench:end -->")[0]
     assert section == report.render(results, focus="mosaic_v3"), (
-        "regenerate with: python -m bench.report bench/results/h100/grid_627a0cf/results.json --focus mosaic_v3"
+        "regenerate with: python -m bench.report bench/results/h200/grid_fa21b15/results.json --focus mosaic_v3"
     )
 
 

@@ -9,6 +9,8 @@ same masks at scale."""
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -24,13 +26,22 @@ from parity.case import Case
 
 pytestmark = [pytest.mark.interpreted, pytest.mark.skipif(UNAVAILABLE is not None, reason=str(UNAVAILABLE))]
 
+# The interpreter's time is per program, so a second batch element doubles a case's: the
+# cases take one, but for `causal_d64` and `persistent_gqa_window`, which keep the batch
+# axis of the grid and of the persistent schedule covered, and `sinks_empty_rows_fp16`,
+# whose two `dsinks` sum the rows of both elements: over one element's rows, those of
+# this draw nearly cancel: there the lax loops and both kernel families read 4e-3 to 1e-2
+# of relative error against the float64 reference, the float16 reference 1.9e-3 (the
+# tolerance is 2e-3; `bench/NOTES.md`).
+_case = functools.partial(Case, batch=(1,))
+
 # Every mask kind the kernels read, in each dtype they take; lengths that are not tile
 # multiples (the kernels' tiles are 128 query rows by 64 or 128 keys), head dims that
 # are not powers of two, fewer queries than keys (bottom-right) and more.
 CASES = [
-    Case("causal_d64", q_len=200, num_heads=2, head_dim=64, dtype="bfloat16", causal=True),
-    Case("full_fp16_d128_lse_grad", q_len=150, kv_len=260, num_heads=2, head_dim=128, dtype="float16", lse_grad=True),
-    Case(
+    _case("causal_d64", batch=(2,), q_len=200, num_heads=2, head_dim=64, dtype="bfloat16", causal=True),
+    _case("full_fp16_d128_lse_grad", q_len=150, kv_len=260, num_heads=2, head_dim=128, dtype="float16", lse_grad=True),
+    _case(
         "gqa_window_fp16_d80",
         q_len=150,
         kv_len=260,
@@ -41,9 +52,8 @@ CASES = [
         causal=True,
         window=(40, 0),
     ),
-    Case(
+    _case(
         "mqa_two_sided_window_soft_cap_d96",
-        batch=(1,),
         q_len=190,
         num_heads=3,
         num_kv_heads=1,
@@ -52,17 +62,19 @@ CASES = [
         window=(30, 20),
         logits_soft_cap=5.0,
     ),
-    Case("segments_d128", q_len=200, num_heads=2, head_dim=128, dtype="bfloat16", segments=3),
-    Case("ragged_lengths_causal", q_len=130, num_heads=2, head_dim=64, dtype="bfloat16", causal=True, lengths="ragged"),
-    Case("dense_random", q_len=140, num_heads=2, head_dim=64, dtype="bfloat16", mask="random"),
-    Case("empty_rows_fp16", q_len=140, num_heads=2, head_dim=64, dtype="float16", mask="empty_rows"),
-    Case("d256_causal", q_len=130, num_heads=2, head_dim=256, dtype="bfloat16", causal=True),
-    Case("bias_soft_cap", q_len=150, num_heads=2, head_dim=64, dtype="bfloat16", logits_soft_cap=20.0, bias="full"),
-    Case("decode_gqa", batch=(3,), q_len=1, kv_len=300, num_heads=4, num_kv_heads=2, head_dim=128, dtype="bfloat16"),
-    Case("q_longer_than_kv_causal", q_len=200, kv_len=70, num_heads=2, head_dim=64, dtype="float16", causal=True),
+    _case("segments_d128", q_len=200, num_heads=2, head_dim=128, dtype="bfloat16", segments=3),
+    _case(
+        "ragged_lengths_causal", q_len=130, num_heads=2, head_dim=64, dtype="bfloat16", causal=True, lengths="ragged"
+    ),
+    _case("dense_random", q_len=140, num_heads=2, head_dim=64, dtype="bfloat16", mask="random"),
+    _case("empty_rows_fp16", q_len=140, num_heads=2, head_dim=64, dtype="float16", mask="empty_rows"),
+    _case("d256_causal", q_len=130, num_heads=2, head_dim=256, dtype="bfloat16", causal=True),
+    _case("bias_soft_cap", q_len=150, num_heads=2, head_dim=64, dtype="bfloat16", logits_soft_cap=20.0, bias="full"),
+    _case("decode_gqa", q_len=1, kv_len=300, num_heads=4, num_kv_heads=2, head_dim=128, dtype="bfloat16"),
+    _case("q_longer_than_kv_causal", q_len=200, kv_len=70, num_heads=2, head_dim=64, dtype="float16", causal=True),
     # Sinks as the rows' first logit (`v3.takes_sinks`): GQA with lse's gradient, and rows
     # that see no key, whose output stays 0 and whose lse is the sink.
-    Case(
+    _case(
         "sinks_gqa_causal_lse_grad",
         q_len=150,
         num_heads=4,
@@ -73,15 +85,25 @@ CASES = [
         sinks=True,
         lse_grad=True,
     ),
-    Case("sinks_empty_rows_fp16", q_len=140, num_heads=2, head_dim=64, dtype="float16", mask="empty_rows", sinks=True),
+    _case(
+        "sinks_empty_rows_fp16",
+        batch=(2,),
+        q_len=140,
+        num_heads=2,
+        head_dim=64,
+        dtype="float16",
+        mask="empty_rows",
+        sinks=True,
+    ),
 ]
 
 # Persistent programs, 3 of them so that each runs several tiles and the rings' slots carry
 # over from tile to tile: heads fastest (a window), and more than 2048 keys with no left
 # bound, where the query tiles go fastest (`v3._queries_first`).
 PERSISTENT_CASES = [
-    Case(
+    _case(
         "persistent_gqa_window",
+        batch=(2,),
         q_len=300,
         num_heads=4,
         num_kv_heads=2,
@@ -90,7 +112,7 @@ PERSISTENT_CASES = [
         causal=True,
         window=(100, 0),
     ),
-    Case("persistent_queries_first", batch=(1,), q_len=260, kv_len=2100, num_heads=2, head_dim=64, dtype="bfloat16"),
+    _case("persistent_queries_first", q_len=260, kv_len=2100, num_heads=2, head_dim=64, dtype="bfloat16"),
 ]
 
 
@@ -113,7 +135,7 @@ def test_a_swept_backward_tiling_is_exact(monkeypatch):
     fit would send the call to the Triton backward, which this interpreter refuses.)"""
     backward = BackwardTuning(block_q=64, block_k=64, num_stages=3, dq_block_k=128)
     assert backward.fits(64, 64, 2)
-    case = Case("swept_tiling", q_len=300, kv_len=330, num_heads=2, head_dim=64, dtype="bfloat16", causal=True)
+    case = _case("swept_tiling", q_len=300, kv_len=330, num_heads=2, head_dim=64, dtype="bfloat16", causal=True)
     with interpreted(monkeypatch):
         assert_exact(case, v3.Tuning(backward=backward))
 
@@ -130,7 +152,7 @@ def test_the_kernels_have_no_races(monkeypatch):
     """The forward, dK/dV (its query heads shared out over programs) and dQ kernels under
     the interpreter's race detector: no read or write of shared or global memory that the
     barriers do not order after the write it could see."""
-    case = Case("gqa_causal", q_len=130, num_heads=4, num_kv_heads=2, head_dim=64, dtype="bfloat16", causal=True)
+    case = _case("gqa_causal", q_len=130, num_heads=4, num_kv_heads=2, head_dim=64, dtype="bfloat16", causal=True)
     with interpreted(monkeypatch, detect_races=True):
         assert_exact(case)
         assert not races_found()

@@ -21,6 +21,7 @@ import host_devices
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from test_api import taking_sinks
@@ -256,5 +257,6 @@ def check_explicit_sharding_in_types():
     _assert_matches(got, jax.jit(fn)(*args), f"{native}, only k and v sharded in types")
 
 
-def test_on_eight_host_devices():
-    host_devices.assert_checks_pass(__file__)
+@pytest.mark.parametrize("part", range(3))
+def test_on_eight_host_devices(part):
+    host_devices.assert_checks_pass(__file__, part=(part, 3))

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The sinks taken by pallas_v2's forward kernel, checked in one device call: the GPU tests
 # with sinks on the Triton and Mosaic kernels (float32 among them), then their cost on
-# pallas_v2 taken apart (`../sinks/sinks_breakdown.py`). From the repository root:
+# pallas_v2 taken apart (`bench/results/h200/sinks/sinks_breakdown.py`). From the repository root:
 #   bash bench/results/h100/triton_sinks/run.sh OUT
 set -uo pipefail
 out=$1
