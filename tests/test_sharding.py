@@ -6,11 +6,11 @@ with shardings and inside ``shard_map``. The only communication allowed is the s
 dK and dV over head shards when several devices share one kv head (MQA, or GQA with more
 head shards than kv heads). Results must equal the unsharded computation.
 
-The checks run on 8 CPU host devices in a subprocess (see ``host_devices``). The main
-layouts run for every implementation whose record takes the call (Pallas ones in
-interpret mode); the others, to keep the suite quick, for the one that runs the call
-natively here (`_native`: what ``implementation=None`` picks) and, where they concern
-what `custom_partitioning` must get right, the interpreted ones.
+The checks run on 8 CPU host devices in subprocesses (see ``host_devices``), a third of
+them in each of three tests. The main layouts run for every implementation whose record
+takes the call (Pallas ones in interpret mode); the others, to keep the suite quick, for
+the one that runs the call natively here (`_native`: what ``implementation=None`` picks)
+and, where they concern what `custom_partitioning` must get right, the interpreted ones.
 """
 
 from __future__ import annotations
