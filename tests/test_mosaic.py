@@ -637,7 +637,8 @@ def test_persistent_programs_by_default_where_query_tiles_visit_few_keys_or_have
     """Calls whose query tiles each visit 2048 keys or fewer (`v3._PERSISTENT_KEYS`), or
     more with no left bound and no lengths (those in rounds of whole heads' query tiles,
     `v3._queries_first`), with no segment ids and no dense mask, default to persistent
-    programs (measured), where their output tile fits; a user's tuning keeps its own."""
+    programs (measured), where their output tile fits (not beside 192-key tiles:
+    `test_long_unbounded_calls_take_192_key_tiles`); a user's tuning keeps its own."""
     for (q_len, kv_len), options, head_dim, persistent, queries_first in (
         ((16384, 16384), dict(window=(256, 256)), 128, True, False),
         ((16384, 16384), dict(causal=True, window=(1023, 0)), 128, True, False),
@@ -645,12 +646,15 @@ def test_persistent_programs_by_default_where_query_tiles_visit_few_keys_or_have
         ((2048, 2048), dict(causal=True), 128, True, False),
         ((1, 1024), dict(), 128, True, False),
         ((4096, 4096), dict(), 64, True, True),
-        ((16384, 16384), dict(), 128, True, True),
+        ((4096, 4096), dict(), 128, True, True),
+        ((16384, 16384), dict(), 64, True, True),
+        ((16384, 16384), dict(), 128, False, True),
         ((4096, 4096), dict(causal=True), 64, True, True),
         ((1000, 16384), dict(causal=True), 128, True, True),
         ((1100, 2500), dict(causal=True), 128, True, True),  # PERSISTENT_CASES' two in this order
         ((700, 2300), dict(), 96, True, True),
-        ((1, 131072), dict(), 128, True, True),
+        ((1, 131072), dict(), 128, False, True),
+        ((1, 131072), dict(causal=True), 128, True, True),
         ((4096, 4096), dict(has_lengths=True), 128, False, False),
         ((4096, 4096), dict(causal=True, has_lengths=True), 128, False, False),
         ((16384, 16384), dict(window=(1000, 1000)), 128, False, False),
@@ -793,6 +797,49 @@ def test_swept_backward_tiles_are_exact_on_the_gpu(case, candidate):
     the float64 reference (outputs and the three gradients), before it can become a
     default."""
     assert_exact(case, v3.Tuning(backward=mosaic_backward.BackwardTuning(*candidate)))
+
+
+def test_long_unbounded_calls_take_192_key_tiles():
+    """Head dim 128 (after padding) over `v3._WIDE_KEYS` keys or more, where nothing bounds
+    the keys a query sees, takes 192-key tiles with one program per query tile
+    (measured); fewer keys, another head dim, or any bound keeps the other defaults."""
+    wide = v3.Tuning(block_k=192)
+    for (q_len, kv_len), options, head_dim, want_wide in (
+        ((8192, 8192), dict(), 128, True),
+        ((300, 8300), dict(), 128, True),
+        ((1, 131072), dict(), 128, True),
+        ((4096, 4096), dict(), 128, False),
+        ((8192, 8192), dict(), 64, False),
+        ((8192, 8192), dict(), 256, False),
+        ((8192, 8192), dict(causal=True), 128, False),
+        ((8192, 8192), dict(window=(None, 100)), 128, False),
+        ((8192, 8192), dict(has_lengths=True), 128, False),
+        ((8192, 8192), dict(has_segments=True), 128, False),
+        ((8192, 8192), dict(has_dense_mask=True), 128, False),
+    ):
+        spec = MaskSpec.create(q_len, kv_len, **options)
+        tuning = v3._tuning(None, None, None, head_dim, head_dim, 2, spec)
+        assert (tuning == wide) == want_wide, (q_len, kv_len, options, head_dim, tuning)
+    spec = MaskSpec.create(8192, 8192)
+    assert v3._tuning(None, None, None, 128, 128, 2, spec, bias_itemsize=2).block_k == 128
+    assert v3._tuning(v3.Tuning(), None, None, 128, 128, 2, spec) == v3.Tuning()
+
+
+# Calls that take 192-key tiles by default (`v3._WIDE_KEYS`): keys no multiple of the tile,
+# GQA, and head dim 96 padded to 128.
+WIDE_CASES = [
+    Case("wide_keys", q_len=300, kv_len=8300, num_heads=2, head_dim=128, dtype="bfloat16"),
+    Case("wide_keys_gqa_d96", q_len=200, kv_len=8250, num_heads=4, num_kv_heads=2, head_dim=96, dtype="float16"),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", WIDE_CASES, ids=lambda case: case.name)
+def test_192_key_tiles_are_exact_on_the_gpu(case):
+    """The default 192-key tiles against the float64 reference: outputs and gradients."""
+    spec = MaskSpec.create(case.q_len, case.kv)
+    assert v3._tuning(None, None, None, 128, 128, 2, spec).block_k == 192
+    assert_exact(case)
 
 
 # Forward calls for persistent programs: BACKWARD_CASES' awkward masks, enough tiles that
