@@ -40,7 +40,12 @@ def main():
         jax.jit(call(k192))(q, k, v).block_until_ready()
         return
     for shape in SHAPES:
-        variants = {"default": call(), "k192": call(k192), "cudnn": check._cudnn(shape), "tokamax": check._tokamax(shape)}
+        variants = {
+            "default": call(),
+            "k192": call(k192),
+            "cudnn": check._cudnn(shape),
+            "tokamax": check._tokamax(shape),
+        }
         (q, k, v), _, _ = check._inputs(shape, "fwd")
         want, got = (jax.jit(variants[name])(q, k, v) for name in ("default", "k192"))
         err = float(jnp.max(jnp.abs(want.astype(jnp.float32) - got.astype(jnp.float32))))
