@@ -58,7 +58,7 @@ class Problem:
         """
         spec = self.mask()
         t, s = spec.q_len, spec.kv_len
-        if spec.left is None and spec.right is None:
+        if spec.sees_every_key:
             return float(t * s)
         if spec.left is None and spec.right == 0:
             return t * s / 2

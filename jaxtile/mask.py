@@ -261,6 +261,12 @@ class MaskSpec:
         return not (self.has_segments or self.has_dense_mask or self.has_lengths)
 
     @property
+    def sees_every_key(self) -> bool:
+        """True when every query row sees every key: no causal mask, window, lengths,
+        segment ids or dense mask."""
+        return self.is_structured and self.left is None and self.right is None
+
+    @property
     def masks_elements(self) -> bool:
         """True when a runtime array decides single elements (segment ids or a dense
         mask), not only where each row's keys start and stop (lengths)."""

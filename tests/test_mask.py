@@ -3,6 +3,7 @@ spans need no element-wise mask, and the two loop directions agree."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -145,6 +146,19 @@ def test_heaviest_last_launches_the_short_query_rows_last(q_len, kv_len, causal,
     seen = _in_window(_positions(spec, q_len, kv_len), keys, causal, window).sum(axis=1)
     launched = seen[::-1] if spec.heaviest_last else seen
     assert (np.diff(launched) <= 0).all(), seen
+
+
+def test_sees_every_key_where_nothing_bounds_the_keys():
+    """`MaskSpec.sees_every_key` (which gives long calls the Mosaic forward's widest key
+    tiles) holds with no causal mask, window or runtime part, and every row then sees
+    every key (counted by definition)."""
+    for q_len, kv_len, causal, window, top_left in MASKS:
+        spec = MaskSpec.create(q_len, kv_len, causal=causal, window=window, top_left=top_left)
+        assert spec.sees_every_key == (window is None and not causal), spec
+        seen = _in_window(_positions(spec, q_len, kv_len), np.arange(kv_len)[None, :], causal, window)
+        assert seen.all() or not spec.sees_every_key, spec
+        for runtime in ("has_lengths", "has_segments", "has_dense_mask"):
+            assert not dataclasses.replace(spec, **{runtime: True}).sees_every_key, runtime
 
 
 def test_bottom_right_alignment():

@@ -178,18 +178,6 @@ def _persistent(spec: MaskSpec | None, rows: int) -> bool:
     return _keys(spec, rows) <= _PERSISTENT_KEYS or _queries_first(spec, rows)
 
 
-def _unbounded(spec: MaskSpec | None) -> bool:
-    """Whether every query of ``spec`` sees every key (no causal mask, window, lengths,
-    segment ids or dense mask)."""
-    return (
-        spec is not None
-        and spec.left is None
-        and spec.right is None
-        and not spec.has_lengths
-        and not spec.masks_elements
-    )
-
-
 def _keys(spec: MaskSpec, rows: int) -> int:
     """The most keys one of ``spec``'s query tiles of ``rows`` rows visits."""
     if spec.left is None or spec.right is None:
@@ -238,7 +226,13 @@ def default_tuning(
     # A bias tile is held beside the scores as the mask is.
     beside = Beside.of(spec, bias_itemsize)
     narrow = short_causal or (spec is not None and spec.masks_elements) or bias_itemsize > 0
-    if not narrow and head_dim == head_dim_v == 128 and _unbounded(spec) and spec.kv_len >= _WIDE_KEYS:
+    if (
+        not narrow
+        and head_dim == head_dim_v == 128
+        and spec is not None
+        and spec.sees_every_key
+        and spec.kv_len >= _WIDE_KEYS
+    ):
         return Tuning(block_k=192).fit(head_dim, head_dim_v, itemsize, beside)
     tuning = Tuning(block_k=64)
     for block_k in (128, 64) if narrow else (256, 128, 64):
