@@ -99,22 +99,26 @@ CASES = [
 ]
 
 # Persistent programs, 3 of them so that each runs several tiles and the rings' slots carry
-# over from tile to tile: heads fastest (a window), and more keys than `v3._PERSISTENT_KEYS`
-# with no left bound, where the query tiles go fastest (`v3._queries_first`); the test
-# lowers that threshold from 2048 to 256, since the interpreter's time grows with the keys.
+# over from tile to tile, each case beside the schedule it takes: heads fastest (a window),
+# and more keys than `v3._PERSISTENT_KEYS` with no left bound, where the query tiles go
+# fastest (`v3._queries_first`); the test lowers that threshold from 2048 to 256, since the
+# interpreter's time grows with the keys.
 PERSISTENT_CASES = [
-    _case(
-        "persistent_gqa_window",
-        batch=(2,),
-        q_len=300,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=64,
-        dtype="bfloat16",
-        causal=True,
-        window=(100, 0),
+    (
+        _case(
+            "persistent_gqa_window",
+            batch=(2,),
+            q_len=300,
+            num_heads=4,
+            num_kv_heads=2,
+            head_dim=64,
+            dtype="bfloat16",
+            causal=True,
+            window=(100, 0),
+        ),
+        False,
     ),
-    _case("persistent_queries_first", q_len=260, kv_len=400, num_heads=2, head_dim=64, dtype="bfloat16"),
+    (_case("persistent_queries_first", q_len=260, kv_len=400, num_heads=2, head_dim=64, dtype="bfloat16"), True),
 ]
 
 
@@ -124,12 +128,11 @@ def test_the_kernels_are_exact(case, monkeypatch):
         assert_exact(case)
 
 
-@pytest.mark.parametrize("case", PERSISTENT_CASES, ids=lambda case: case.name)
-def test_persistent_programs_are_exact(case, monkeypatch):
+@pytest.mark.parametrize("case,queries_first", PERSISTENT_CASES, ids=[case.name for case, _ in PERSISTENT_CASES])
+def test_persistent_programs_are_exact(case, queries_first, monkeypatch):
     monkeypatch.setattr(_ring, "multiprocessors", lambda: 3)
     monkeypatch.setattr(v3, "_PERSISTENT_KEYS", 256)
     spec = MaskSpec.create(case.q_len, case.kv, causal=case.causal, window=case.window)
-    queries_first = case.name == "persistent_queries_first"
     assert v3._queries_first(spec, _ring.CONSUMERS * v3.Tuning().block_q) == queries_first
     with interpreted(monkeypatch):
         assert_exact(case, v3.Tuning(persistent=True))
