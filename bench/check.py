@@ -281,6 +281,18 @@ def timed_passes(variants: dict, shape: Shape, mode: str, passes: int = 2, budge
     return ms
 
 
+def print_passes_together(variants: dict, shape: Shape, mode: str, passes: int = 2, budget_s: float = 0.5) -> None:
+    """For the A/B record scripts: ``variants`` (``{label: attend}``, None for a peer that
+    does not run here) timed together (`_timed_together`) ``passes`` times, a line per
+    pass as it ends: ``<shape> <mode> pass <i> <label>=<median ms> ...`` (``err`` where one
+    raised)."""
+    present = {label: attend for label, attend in variants.items() if attend is not None}
+    for i in range(passes):
+        timed = _timed_together(present, shape, mode, budget_s)
+        cells = " ".join(f"{label}={t['ms']:.4f}" if "ms" in t else f"{label}=err" for label, t in timed.items())
+        print(f"{shape.name:24s} {mode} pass {i} {cells}", flush=True)
+
+
 def _jaxtile_peers(shape: Shape) -> dict:
     """The peers of ``shape`` that are jaxtile calls: the documents as separate
     sequences, the call without its sinks."""

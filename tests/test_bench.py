@@ -474,6 +474,28 @@ def test_timed_passes_time_each_variant_per_pass_on_cleared_caches(monkeypatch):
     assert ms == {"first": [2.0, 6.0], "second": [None, None]}
 
 
+def test_passes_together_print_each_pass_of_the_variants_that_run(monkeypatch, capsys):
+    """`check.print_passes_together`: the variants that run here timed together once per
+    pass, a line each, an error shown as such."""
+    from bench import check
+
+    calls = []
+
+    def timed_together(attends, shape, mode, budget_s):
+        calls.append(list(attends))
+        return {"a": {"ms": 1.5 * len(calls)}, "b": {"error": "ValueError"}}
+
+    monkeypatch.setattr(check, "_timed_together", timed_together)
+    shape = check.Shape("row", 1, 128, 2, 64)
+    check.print_passes_together({"a": "a", "b": "b", "peer": None}, shape, "fwd", passes=2)
+    assert calls == [["a", "b"], ["a", "b"]]
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split() for line in lines] == [
+        ["row", "fwd", "pass", "0", "a=1.5000", "b=err"],
+        ["row", "fwd", "pass", "1", "a=3.0000", "b=err"],
+    ]
+
+
 def test_check_compares_with_the_peer_against_committed_floors(monkeypatch):
     """``python -m bench.check``'s verdicts: the ratio peer / jaxtile against the floor;
     a missing jaxtile number fails; every committed floor names a case that exists."""

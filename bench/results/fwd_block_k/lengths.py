@@ -50,10 +50,7 @@ def main():
         want, got = (jax.jit(variants[name])(q, k, v) for name in ("default", "k192"))
         err = float(jnp.max(jnp.abs(want.astype(jnp.float32) - got.astype(jnp.float32))))
         print(f"{shape.name:24s} k192 max |diff| to default {err:.3e}", flush=True)
-        for run in range(3):
-            timed = check._timed_together({n: f for n, f in variants.items() if f is not None}, shape, "fwd", 0.5)
-            line = " ".join(f"{n}={t['ms']:.4f}" if "ms" in t else f"{n}=err" for n, t in timed.items())
-            print(f"{shape.name:24s} fwd pass {run} {line}", flush=True)
+        check.print_passes_together(variants, shape, "fwd", passes=3)
 
 
 if __name__ == "__main__":
