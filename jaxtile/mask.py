@@ -262,8 +262,8 @@ class MaskSpec:
 
     @property
     def sees_every_key(self) -> bool:
-        """True when every query row sees every key: no causal mask, window, lengths,
-        segment ids or dense mask."""
+        """True when nothing bounds the keys a query row sees (no causal mask, window,
+        lengths, segment ids or dense mask): every row sees every key."""
         return self.is_structured and self.left is None and self.right is None
 
     @property
