@@ -284,12 +284,14 @@ def timed_passes(variants: dict, shape: Shape, mode: str, passes: int = 2, budge
 def print_passes_together(variants: dict, shape: Shape, mode: str, passes: int = 2, budget_s: float = 0.5) -> None:
     """For the A/B record scripts: ``variants`` (``{label: attend}``, None for a peer that
     does not run here) timed together (`_timed_together`) ``passes`` times, a line per
-    pass as it ends: ``<shape> <mode> pass <i> <label>=<median ms> ...`` (``err`` where one
-    raised)."""
+    pass as it ends: ``<shape> <mode> pass <i> <label>=<median ms>ms/<TFLOP/s> ...``
+    (``err`` where one raised)."""
     present = {label: attend for label, attend in variants.items() if attend is not None}
     for i in range(passes):
         timed = _timed_together(present, shape, mode, budget_s)
-        cells = " ".join(f"{label}={t['ms']:.4f}" if "ms" in t else f"{label}=err" for label, t in timed.items())
+        cells = " ".join(
+            f"{label}={t['ms']:.4f}ms/{t['tflops']:.0f}" if "ms" in t else f"{label}=err" for label, t in timed.items()
+        )
         print(f"{shape.name:24s} {mode} pass {i} {cells}", flush=True)
 
 

@@ -483,7 +483,7 @@ def test_passes_together_print_each_pass_of_the_variants_that_run(monkeypatch, c
 
     def timed_together(attends, shape, mode, budget_s):
         calls.append(list(attends))
-        return {"a": {"ms": 1.5 * len(calls)}, "b": {"error": "ValueError"}}
+        return {"a": {"ms": 1.5 * len(calls), "tflops": 100.0 * len(calls)}, "b": {"error": "ValueError"}}
 
     monkeypatch.setattr(check, "_timed_together", timed_together)
     shape = check.Shape("row", 1, 128, 2, 64)
@@ -491,8 +491,8 @@ def test_passes_together_print_each_pass_of_the_variants_that_run(monkeypatch, c
     assert calls == [["a", "b"], ["a", "b"]]
     lines = capsys.readouterr().out.splitlines()
     assert [line.split() for line in lines] == [
-        ["row", "fwd", "pass", "0", "a=1.5000", "b=err"],
-        ["row", "fwd", "pass", "1", "a=3.0000", "b=err"],
+        ["row", "fwd", "pass", "0", "a=1.5000ms/100", "b=err"],
+        ["row", "fwd", "pass", "1", "a=3.0000ms/200", "b=err"],
     ]
 
 

@@ -32,12 +32,7 @@ def main():
         variants = {"default": attend, "cudnn": check._cudnn(shape), "tokamax": check._tokamax(shape)}
         if shape.seq % 192:
             variants["pad_only"] = pad_only
-        for i in range(2):
-            timed = check._timed_together({n: f for n, f in variants.items() if f is not None}, shape, "fwd", 0.5)
-            cells = " ".join(
-                f"{n}={t['ms']:.4f}ms/{t['tflops']:.0f}" if "ms" in t else f"{n}=err" for n, t in timed.items()
-            )
-            print(f"{shape.name:18s} fwd pass {i} {cells}", flush=True)
+        check.print_passes_together(variants, shape, "fwd", passes=2)
 
 
 if __name__ == "__main__":
