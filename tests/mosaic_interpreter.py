@@ -16,7 +16,11 @@ fills those gaps for one test, and puts everything back after it:
 * ``plgpu.RefUnion`` as separate allocations (its members may share memory, and a
   kernel never reads one member through another);
 * barriers freed with phases no thread waited for: a producer need not wait for its
-  ring's last frees, and mbarriers require nothing of phases no one waits for.
+  ring's last frees, and mbarriers require nothing of phases no one waits for;
+* TMA copies that read past the end of global memory (the forward's last key tile):
+  TMA fills what lies past the end with zeros, as ``plgpu.copy_gmem_to_smem`` asks by
+  default (``OOBFillMode.ZEROS``), where the interpreter raises. Every other read past
+  the end still raises.
 
 Outside the interpreter, a call runs unpartitioned (``custom_partitioning`` cannot
 carry the interpreter's ordered callbacks) and mosaic_v3's record lets it run on the
@@ -31,6 +35,7 @@ tests skip elsewhere (on the GPU image's jax 0.11.2, the GPU tests run the kerne
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -181,6 +186,37 @@ def _free(barrier):
         barrier.ref_count -= 1
 
 
+_copying = threading.local()  # set while this thread runs a TMA copy (`_zero_filled`)
+
+
+def _copy(execute):
+    """A TMA copy's ``execute``, run with `_copying` set."""
+
+    def run(self, token):
+        _copying.on = True
+        try:
+            return execute(self, token)
+        finally:
+            _copying.on = False
+
+    return run
+
+
+def _zero_filled(handle):
+    """The interpreter's read past the end of a buffer: zeros past it inside a TMA copy
+    (``ret`` holds what lies inside), ``handle``'s error elsewhere."""
+
+    def read(ret, full_read_shape, shape, dtype, *args):
+        if not getattr(_copying, "on", False):
+            return handle(ret, full_read_shape, shape, dtype, *args)
+        zeros = np.zeros(full_read_shape, dtype)
+        if ret is not None:
+            zeros[tuple(slice(n) for n in ret.shape)] = ret
+        return zeros
+
+    return read
+
+
 @contextlib.contextmanager
 def interpreted(monkeypatch, detect_races: bool = False):
     """Runs Mosaic GPU kernels traced inside it on the CPU, with the gaps above filled, on a
@@ -192,6 +228,11 @@ def interpreted(monkeypatch, detect_races: bool = False):
     monkeypatch.setattr(interpreter, "interpret", _interpret(interpreter.interpret))
     monkeypatch.setattr(gpu_callbacks, "_validate_transforms", _indexers_only)
     monkeypatch.setattr(shared_memory.Barrier, "deallocate", _free)
+    transfer = gpu_callbacks.DeviceLocalMemoryTransfer
+    monkeypatch.setattr(transfer, "execute", _copy(transfer.execute))
+    monkeypatch.setattr(
+        gpu_callbacks, "_handle_out_of_bounds_read", _zero_filled(gpu_callbacks._handle_out_of_bounds_read)
+    )
     monkeypatch.setattr(plgpu, "RefUnion", lambda *members: members)
     monkeypatch.setattr(_sharding, "_per_shard", lambda fun, _args, _results, args, config: fun(*args, config))
     unable = registry.Implementation.unable

@@ -825,6 +825,17 @@ def test_long_unbounded_calls_take_192_key_tiles():
     assert v3._tuning(v3.Tuning(), None, None, 128, 128, 2, spec) == v3.Tuning()
 
 
+@pytest.mark.parametrize("kv_len, padded_to", [(16384, None), (8300, 8304), (1000, None), (60, 64)])
+def test_the_forward_reads_the_last_key_tile_past_the_keys_end(kv_len, padded_to):
+    """K and V reach the kernel as they are, or padded to `_ring.TILE_ROWS` rows only,
+    never to a whole key tile: TMA reads the last tile past their end as zeros (keys the
+    mask hides). 16384 keys take 192-key tiles, which they are no multiple of."""
+    inputs, config = _call((1, 512, 2, 128), kv_len, 2, 128, False, None, None, jnp.bfloat16)
+    lowered = jax.jit(lambda q, k, v: v3.forward_pass(Inputs(q, k, v), config)).trace(*inputs[:3])
+    pads = re.findall(r"stablehlo\.pad .*-> tensor<(\w+)>", lowered.lower(lowering_platforms=("cuda",)).as_text())
+    assert set(pads) == (set() if padded_to is None else {f"1x{padded_to}x2x128xbf16"})
+
+
 # Calls that take 192-key tiles by default (`v3._WIDE_KEYS`): keys no multiple of the tile,
 # GQA, and head dim 96 padded to 128.
 WIDE_CASES = [

@@ -62,11 +62,16 @@ def along(x, shape: tuple[int, int], axis: int):
     return lax.broadcast_in_dim(x, shape, (axis,))
 
 
+# The rows of the tiles `smem` lays shared memory out in: a TMA copy into such a tile
+# reads whole tiles of rows, so a length it copies along is a multiple of this.
+TILE_ROWS = 8
+
+
 def smem(dtype, *shape):
     """A shared-memory tile whose last dim (a multiple of 128 bytes, or of 64) is swizzled
-    for ``wgmma`` and TMA."""
+    for ``wgmma`` and TMA, in tiles of `TILE_ROWS` rows."""
     swizzle = math.gcd(128, shape[-1] * jnp.dtype(dtype).itemsize)
-    tiling = plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize))
+    tiling = plgpu.TilingTransform((TILE_ROWS, swizzle // jnp.dtype(dtype).itemsize))
     return plgpu.SMEM(shape, dtype, transforms=(tiling, plgpu.SwizzleTransform(swizzle)))
 
 

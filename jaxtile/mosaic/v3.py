@@ -507,16 +507,17 @@ def _plan(inputs: Inputs, config: Config) -> tuple[int, int, Tuning, Beside]:
 def forward_pass(inputs: Inputs, config: Config):
     """The forward kernel: ``out [batch, q_len, heads, head_dim_v]`` in the query's dtype
     and the natural-log ``lse [batch, heads, q_len]``. Head dims are zero-padded to
-    multiples of 64 and sequences to multiples of the tiles (the padded keys are
-    masked; the padded rows are dropped), so any structured call runs. ``inputs.sinks``
-    are each row's first logit."""
+    multiples of 64, the queries to multiples of the tiles (the padded rows are dropped)
+    and the keys only to multiples of `_ring.TILE_ROWS`: the last key tile's copy reads
+    past them, and TMA fills what lies past the end with zeros (keys the mask hides), so
+    any structured call runs. ``inputs.sinks`` are each row's first logit."""
     dims = Shape.of(inputs.q, inputs.k, inputs.v)
     head_dim, head_dim_v, tuning, _ = _plan(inputs, config)
     rows = CONSUMERS * tuning.block_q
     q_len, kv_len = padded(dims.q_len, rows), padded(dims.kv_len, tuning.block_k)
     q = pad_to(pad_to(inputs.q, 3, head_dim), 1, q_len)
-    k = pad_to(pad_to(inputs.k, 3, head_dim), 1, kv_len)
-    v = pad_to(pad_to(inputs.v, 3, head_dim_v), 1, kv_len)
+    k = pad_to(pad_to(inputs.k, 3, head_dim), 1, padded(dims.kv_len, _ring.TILE_ROWS))
+    v = pad_to(pad_to(inputs.v, 3, head_dim_v), 1, padded(dims.kv_len, _ring.TILE_ROWS))
     dims_p = dataclasses.replace(dims, q_len=q_len, kv_len=kv_len, head_dim=head_dim, head_dim_v=head_dim_v)
     tiles = (dims.num_heads, q_len // rows, dims.batch)
     runtime = _ring.runtime_operands(inputs, config.mask, q_len, kv_len, rows, tuning.block_k)
@@ -565,13 +566,14 @@ def _memory(shape: Shape, block_q: int | None, block_k: int | None, backward: bo
     and in the backward pass the rows of D and the base-2 lse and, with shares of the
     query heads (`jaxtile.mosaic.backward`), the float32 parts of dK and dV. Tiles the
     backward kernels do not take send it to the Triton family's backward, and its model.
-    The model has no mask, so it pads keys to the tiles a call without one takes: the
-    largest (short causal calls take smaller ones, `default_tuning`, and pad less)."""
+    The forward pads the queries to its tiles and the keys only to `_ring.TILE_ROWS`
+    (`forward_pass`); the model has no mask, so it takes the tiles a call without one
+    takes."""
     head_dim, head_dim_v = _head_dims(shape.head_dim, shape.head_dim_v, shape.itemsize)
     unmasked = MaskSpec.create(shape.q_len, shape.kv_len)
     tuning = _tuning(None, block_q, block_k, head_dim, head_dim_v, shape.itemsize, unmasked)
     q_len = padded(shape.q_len, CONSUMERS * tuning.block_q)
-    forward = _ring.padded_copies(shape, q_len, padded(shape.kv_len, tuning.block_k), head_dim, head_dim_v)
+    forward = _ring.padded_copies(shape, q_len, padded(shape.kv_len, _ring.TILE_ROWS), head_dim, head_dim_v)
     if not backward:
         return 0, forward
     head_dim, head_dim_v = padded(shape.head_dim, WGMMA_ROWS), padded(shape.head_dim_v, WGMMA_ROWS)
