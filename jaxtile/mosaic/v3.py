@@ -516,8 +516,9 @@ def forward_pass(inputs: Inputs, config: Config):
     rows = CONSUMERS * tuning.block_q
     q_len, kv_len = padded(dims.q_len, rows), padded(dims.kv_len, tuning.block_k)
     q = pad_to(pad_to(inputs.q, 3, head_dim), 1, q_len)
-    k = pad_to(pad_to(inputs.k, 3, head_dim), 1, padded(dims.kv_len, _ring.TILE_ROWS))
-    v = pad_to(pad_to(inputs.v, 3, head_dim_v), 1, padded(dims.kv_len, _ring.TILE_ROWS))
+    kv_rows = padded(dims.kv_len, _ring.TILE_ROWS)
+    k = pad_to(pad_to(inputs.k, 3, head_dim), 1, kv_rows)
+    v = pad_to(pad_to(inputs.v, 3, head_dim_v), 1, kv_rows)
     dims_p = dataclasses.replace(dims, q_len=q_len, kv_len=kv_len, head_dim=head_dim, head_dim_v=head_dim_v)
     tiles = (dims.num_heads, q_len // rows, dims.batch)
     runtime = _ring.runtime_operands(inputs, config.mask, q_len, kv_len, rows, tuning.block_k)
