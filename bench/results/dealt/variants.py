@@ -9,14 +9,20 @@ program's key tiles as `Schedule.busiest` counts them)::
     PYTHONPATH=. python bench/results/dealt/variants.py
 
 * ``rounds``: `Schedule.balanced` among rounds alone (dealing never wins);
-* ``dealt``: every persistent schedule dealt to as many programs as multiprocessors.
+* ``dealt``: every persistent schedule dealt to as many programs as multiprocessors;
+* ``heaviest``: dealt likewise, the tiles taken heaviest first over the whole grid
+  (longest processing time first: the most even shares, but a round's programs read the
+  K and V of more heads than in place order).
 """
 
 import contextlib
+import heapq
+import itertools
 import json
 import math
 
 import jax
+import numpy as np
 
 from bench import check
 from bench.probe import git_state
@@ -51,7 +57,20 @@ def _always_dealt(cls, tiles, work, most, queries_first=False):
     return cls.dealt(tiles, work, min(most, math.prod(tiles)), queries_first)
 
 
-VARIANTS = {"rounds": _rounds_only, "dealt": _always_dealt}
+def _heaviest_dealt(cls, tiles, work, most, queries_first=False):
+    programs = min(most, math.prod(tiles))
+    at_place = cls(tiles, programs, queries_first=queries_first)._work(work)
+    load = [(0.0, p) for p in range(programs)]
+    places = [[] for _ in range(programs)]
+    for place in np.argsort(-at_place, kind="stable").tolist():
+        done, p = heapq.heappop(load)
+        places[p].append(place)
+        heapq.heappush(load, (done + at_place[place], p))
+    starts = np.cumsum([0] + [len(p) for p in places]).tolist()
+    return cls(tiles, programs, queries_first=queries_first, plan=(*starts, *itertools.chain(*places)))
+
+
+VARIANTS = {"rounds": _rounds_only, "dealt": _always_dealt, "heaviest": _heaviest_dealt}
 
 
 @contextlib.contextmanager
