@@ -521,6 +521,42 @@ def test_persistent_programs_run_every_tile_once_in_rounds(tiles, programs, snak
         _ring.Schedule((4, 3, 2), 5, ordered=True, queries_first=True)
 
 
+@pytest.mark.parametrize("queries_first", [False, True])
+@pytest.mark.parametrize("tiles, programs", [((4, 3, 2), 5), ((2, 7, 1), 3), ((3, 2, 1), 6)])
+def test_dealt_programs_run_every_tile_once_each_taking_the_next_when_free(tiles, programs, queries_first):
+    """`Schedule.dealt`: each tile, in place order, goes to the program the work dealt so
+    far frees first (the lowest-numbered among equals); the programs (a vmap's
+    ``"programs"`` axis) read their tiles from the plan, their own counts of them."""
+    work = [5.0, 1.0, 3.0, 2.0, 4.0, 1.0, 2.0][: tiles[1]]
+    schedule = _ring.Schedule.dealt(tiles, work, programs, queries_first)
+    heads, q_tiles, _ = tiles
+    places = range(math.prod(tiles))
+    work_at = [work[place % q_tiles if queries_first else place // heads % q_tiles] for place in places]
+    expected, load = [[] for _ in range(programs)], [0.0] * programs
+    for place in places:  # by hand: the least loaded program, the first of equals
+        p = load.index(min(load))
+        expected[p].append(place)
+        load[p] += work_at[place]
+    assert schedule.busiest(work) == max(load)
+    (plan,) = schedule.operands()
+    steps = max(map(len, expected))
+
+    def program(_):
+        indices = [jnp.stack(schedule.index(jnp.int32(i), plan)) for i in range(steps)]
+        return schedule.count(plan), jnp.stack(indices)
+
+    counts, indices = jax.vmap(program, axis_name="programs")(jnp.arange(programs))
+    for p in range(programs):
+        assert int(counts[p]) == len(expected[p])
+        for i, place in enumerate(expected[p]):
+            h, t, b = (int(x) for x in indices[p, i])
+            assert (t + q_tiles * (h + heads * b) if queries_first else h + heads * (t + q_tiles * b)) == place
+    with pytest.raises(ValueError, match=r"a plan of 3 entries needs 24 tiles dealt to persistent programs"):
+        _ring.Schedule((4, 3, 2), 5, plan=(0, 1, 2))
+    with pytest.raises(ValueError, match=r"needs 24 tiles dealt to persistent programs, not .*snake=True"):
+        dataclasses.replace(_ring.Schedule.dealt((4, 3, 2), [1, 1, 1], 5), snake=True)
+
+
 def _run_schedule(schedule: _ring.Schedule, order=None) -> list[tuple[int, int, int]]:
     """The (head, query tile, batch) tiles ``schedule``'s persistent programs run, in launch
     order: each program's ``i``-th tile at place ``i * programs + p``."""
@@ -588,7 +624,8 @@ def test_the_forward_orders_persistent_programs_by_the_runtime_bounds(monkeypatc
     assert order.tolist() == _ring.tile_order(lengths, bounds, 8, rows, 128).tolist()
     structured = MaskSpec.create(2048, 2048, causal=True)
     schedule, operands = v3._schedule(structured, v3.Tuning(persistent=True), tiles, rows, None)
-    assert not schedule.ordered and schedule.programs is not None and operands == ()
+    assert not schedule.ordered and schedule.programs is not None and schedule.plan is not None
+    assert [operand.tolist() for operand in operands] == [list(schedule.plan)]  # dealt: the plan is the operand
     assert not schedule.queries_first  # over 2048 keys or fewer, heads fastest
     causal = MaskSpec.create(8192, 8192, causal=True)
     schedule, operands = v3._schedule(causal, v3.Tuning(persistent=True), tiles, rows, None)
@@ -611,13 +648,16 @@ def test_persistent_programs_even_out_their_shares_of_uneven_tiles():
     them) and order whose busiest program has the least work: equal tiles go round on
     every multiprocessor; causal tiles (heaviest first) whose rounds would keep each
     program on nearly the same query tile snake, on fewer programs where that evens
-    them out."""
+    them out, or are dealt to every multiprocessor as they free (`Schedule.dealt`) where
+    that evens them out more."""
     assert _ring.Schedule.balanced((16, 8, 16), [1] * 8, 132) == _ring.Schedule((16, 8, 16), 132)
     causal = [8 - t + 1 for t in range(8)]  # key tiles of a 1K causal call's query tiles, heaviest first, plus one
+    rounds = [_ring.Schedule((16, 8, 16), p, snake) for p in range(132, 115, -1) for snake in (False, True)]
+    snaking = min(rounds, key=lambda schedule: schedule.busiest(causal))
+    assert snaking == _ring.Schedule((16, 8, 16), 128, True) and snaking.busiest(causal) == 88
+    assert snaking.busiest(causal) < _ring.Schedule((16, 8, 16), 132).busiest(causal) / 1.3
     balanced = _ring.Schedule.balanced((16, 8, 16), causal, 132)
-    assert balanced == _ring.Schedule((16, 8, 16), 128, True)
-
-    assert balanced.busiest(causal) < _ring.Schedule((16, 8, 16), 132).busiest(causal) / 1.3
+    assert balanced == _ring.Schedule.dealt((16, 8, 16), causal, 132) and balanced.busiest(causal) == 87
     # The busiest program's work, counted by hand: 16 x 8 x 16 tiles dealt round 132 programs.
     ran = [[] for _ in range(132)]
     for place in range(16 * 8 * 16):
@@ -631,6 +671,15 @@ def test_persistent_programs_even_out_their_shares_of_uneven_tiles():
     queries_first = _ring.Schedule.balanced((16, 8, 16), [1] * 8, 132, queries_first=True)
     assert queries_first == _ring.Schedule((16, 8, 16), 132, queries_first=True)
     assert _ring.Schedule.balanced((2, 2, 1), [1, 1], 132) == _ring.Schedule((2, 2, 1), 4)
+    # Head dim 128, causal, 16K (128 query tiles of 128 rows in 16 heads, heaviest first,
+    # 128-key tiles): 128 programs snaking take 1048 key tiles each, 4 multiprocessors
+    # idle; all 132 dealt the tiles as they free take at most 1021, an even share 1016.
+    causal_16k = [128 - t + 1 for t in range(128)]
+    rounds = _ring.Schedule((16, 128, 1), 128, True, queries_first=True)
+    assert rounds.busiest(causal_16k) == 1048 and sum(causal_16k) * 16 / 132 > 1016
+    dealt = _ring.Schedule.balanced((16, 128, 1), causal_16k, 132, queries_first=True)
+    assert dealt == _ring.Schedule.dealt((16, 128, 1), causal_16k, 132, queries_first=True)
+    assert dealt.busiest(causal_16k) == 1021
 
 
 def test_persistent_programs_by_default_where_query_tiles_visit_few_keys_or_have_no_left_bound():
