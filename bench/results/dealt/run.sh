@@ -5,10 +5,11 @@
 # whose schedule the change makes dealt against 35634f4, each version in its own process
 # beside cuDNN and tokamax (out/base: `git archive 35634f4 jaxtile`); then dealt against
 # rounds on the perf check's causal rows, in one process beside cuDNN and tokamax
-# (variants.py).
-#   bash bench/results/dealt/run.sh OUT
+# (variants.py), unless the second argument is "ab" (the tests and the A/B alone).
+#   bash bench/results/dealt/run.sh OUT [ab]
 set -uo pipefail
 out=$1
+parts=${2:-all}
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=.
 python -c "import jaxtile, json; print(jaxtile.__file__, json.load(open('VERSION.json'))['commit'])"
 commit=$(python -c "import json; print(json.load(open('VERSION.json'))['commit'][:7])")
@@ -17,4 +18,5 @@ timeout 150 python -m pytest -q -p no:cacheprovider -n 8 tests/test_mosaic.py -k
     tee "$out/gpu_tests_persistent_$commit.log" | tail -2
 timeout 200 bash bench/gpu_session.sh ab "$out" out/base . --modes fwd --only d128_16k_causal d64_16k_causal \
     gqa_32_8_causal_8k sinks_gqa_64_8_causal_8k d128_1k_causal d64_1k_causal 2>&1 | tail -25
+[ "$parts" = ab ] && exit 0
 timeout 220 python bench/results/dealt/variants.py 2>&1 | tee "$out/variants_$commit.log" | grep -v '^{"git"'
