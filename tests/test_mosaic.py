@@ -635,6 +635,30 @@ def test_the_forward_orders_persistent_programs_by_the_runtime_bounds(monkeypatc
     assert schedule == _ring.Schedule(tiles, 132, queries_first=True) and operands == ()
 
 
+def test_a_dealt_plan_reaches_the_kernel_through_the_partitioned_call(monkeypatch):
+    """The plan is made by a ``jit`` of its own (`_ring._constant`), so the call around the
+    kernels (`jaxtile.distributed`'s ``custom_partitioning``, which takes no constants of
+    the function it traces) traces and lowers for CUDA, forward and backward, with the
+    head dim 128, causal, 16K tiles dealt to 132 programs."""
+    monkeypatch.setattr(_ring, "multiprocessors", lambda: 132)
+    unable = registry.Implementation.unable
+    monkeypatch.setattr(
+        registry.Implementation, "unable", lambda self, p: None if self.family == "mosaic" else unable(self, p)
+    )
+    schedule, taken = v3._schedule, []
+    monkeypatch.setattr(v3, "_schedule", lambda *args: taken.append(schedule(*args)) or taken[-1])
+
+    def loss(q, k, v):
+        tuning = v3.Tuning(persistent=True)
+        return jaxtile.flash_attention(q, k, v, causal=True, implementation="mosaic_v3", tuning=tuning).sum()
+
+    q = jax.ShapeDtypeStruct((1, 16384, 16, 128), jnp.bfloat16)
+    lowered = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2))).trace(q, q, q).lower(lowering_platforms=("cuda",))
+    (dealt, (plan,)) = taken[0]
+    assert dealt.plan is not None and plan.shape == (len(dealt.plan),)
+    assert [grad.shape for grad in lowered.out_info[1]] == [q.shape] * 3
+
+
 def test_the_tile_order_counts_the_key_tiles_positions_leave():
     """Two causal documents of two query tiles each: a document's second tile visits two
     key tiles and its first one, so the order runs the second tiles first."""

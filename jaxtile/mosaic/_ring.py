@@ -324,7 +324,7 @@ class Schedule:
 
     def operands(self) -> tuple[jax.Array, ...]:
         """The kernels' operand of a `plan` (int32), or none."""
-        return () if self.plan is None else (jnp.asarray(self.plan, jnp.int32),)
+        return () if self.plan is None else (_constant(self.plan),)
 
     @property
     def grid(self) -> tuple[int, ...]:
@@ -383,6 +383,13 @@ class Schedule:
             body(0, 0)
         else:
             lax.fori_loop(jnp.int32(0), self.count(operand), body, jnp.int32(0))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _constant(values: tuple[int, ...]) -> jax.Array:
+    """``values`` as an int32 array that is a constant of its own ``jit`` alone: the call
+    tracing it (`jaxtile.distributed`'s ``custom_partitioning``) takes no constants."""
+    return jnp.asarray(values, jnp.int32)
 
 
 def tile_order(spec: MaskSpec, bounds, batch: int, rows: int, block_k: int) -> jax.Array:
