@@ -624,12 +624,12 @@ def test_the_forward_orders_persistent_programs_by_the_runtime_bounds(monkeypatc
     assert order.tolist() == _ring.tile_order(lengths, bounds, 8, rows, 128).tolist()
     structured = MaskSpec.create(2048, 2048, causal=True)
     schedule, operands = v3._schedule(structured, v3.Tuning(persistent=True), tiles, rows, None)
-    assert not schedule.ordered and schedule.programs is not None and schedule.plan is not None
-    assert [operand.tolist() for operand in operands] == [list(schedule.plan)]  # dealt: the plan is the operand
+    assert not schedule.ordered and schedule.programs is not None and operands == ()  # dealing saves too little
     assert not schedule.queries_first  # over 2048 keys or fewer, heads fastest
-    causal = MaskSpec.create(8192, 8192, causal=True)
-    schedule, operands = v3._schedule(causal, v3.Tuning(persistent=True), tiles, rows, None)
-    assert schedule.queries_first and schedule.programs is not None and operands == ()
+    causal = MaskSpec.create(16384, 16384, causal=True)
+    schedule, operands = v3._schedule(causal, v3.Tuning(persistent=True), (16, 128, 1), rows, None)
+    assert schedule.queries_first and schedule.programs == 132 and schedule.plan is not None
+    assert [operand.tolist() for operand in operands] == [list(schedule.plan)]  # dealt: the plan is the operand
     full = MaskSpec.create(8192, 8192)
     schedule, operands = v3._schedule(full, v3.Tuning(persistent=True), tiles, rows, None)
     assert schedule == _ring.Schedule(tiles, 132, queries_first=True) and operands == ()
@@ -710,7 +710,7 @@ def test_persistent_programs_even_out_their_shares_of_uneven_tiles():
     every multiprocessor; causal tiles (heaviest first) whose rounds would keep each
     program on nearly the same query tile snake, on fewer programs where that evens
     them out, or are dealt to every multiprocessor as they free (`Schedule.dealt`) where
-    that evens them out more."""
+    that evens them out more, by more than ``dealing``."""
     assert _ring.Schedule.balanced((16, 8, 16), [1] * 8, 132) == _ring.Schedule((16, 8, 16), 132)
     causal = [8 - t + 1 for t in range(8)]  # key tiles of a 1K causal call's query tiles, heaviest first, plus one
     rounds = [_ring.Schedule((16, 8, 16), p, snake) for p in range(132, 115, -1) for snake in (False, True)]
@@ -719,6 +719,8 @@ def test_persistent_programs_even_out_their_shares_of_uneven_tiles():
     assert snaking.busiest(causal) < _ring.Schedule((16, 8, 16), 132).busiest(causal) / 1.3
     balanced = _ring.Schedule.balanced((16, 8, 16), causal, 132)
     assert balanced == _ring.Schedule.dealt((16, 8, 16), causal, 132) and balanced.busiest(causal) == 87
+    # Dealing costs the forward's programs `v3._DEALING` key tiles: one fewer is not worth it.
+    assert _ring.Schedule.balanced((16, 8, 16), causal, 132, dealing=v3._DEALING) == snaking
     # The busiest program's work, counted by hand: 16 x 8 x 16 tiles dealt round 132 programs.
     ran = [[] for _ in range(132)]
     for place in range(16 * 8 * 16):
@@ -738,7 +740,7 @@ def test_persistent_programs_even_out_their_shares_of_uneven_tiles():
     causal_16k = [128 - t + 1 for t in range(128)]
     rounds = _ring.Schedule((16, 128, 1), 128, True, queries_first=True)
     assert rounds.busiest(causal_16k) == 1048 and sum(causal_16k) * 16 / 132 > 1016
-    dealt = _ring.Schedule.balanced((16, 128, 1), causal_16k, 132, queries_first=True)
+    dealt = _ring.Schedule.balanced((16, 128, 1), causal_16k, 132, queries_first=True, dealing=v3._DEALING)
     assert dealt == _ring.Schedule.dealt((16, 128, 1), causal_16k, 132, queries_first=True)
     assert dealt.busiest(causal_16k) == 1021
 
@@ -994,9 +996,11 @@ def test_persistent_programs_are_exact_on_the_gpu(case, programs, monkeypatch, r
     """Persistent programs (`Tuning.persistent`) against the float64 reference, outputs
     and gradients: as many programs as multiprocessors, and 3 so that each runs many
     tiles of uneven lengths and the ring's slots carry over from tile to tile (the count
-    is read when the kernel is traced: jax's caches are cleared around the test)."""
+    is read when the kernel is traced: jax's caches are cleared around the test); the 3
+    programs are dealt causal_256_tiles' tiles (dealing costs nothing here: `v3._DEALING`)."""
     if programs is not None:
         monkeypatch.setattr(_ring, "multiprocessors", lambda: programs)
+        monkeypatch.setattr(v3, "_DEALING", 0)
     jax.clear_caches()
     request.addfinalizer(jax.clear_caches)
     assert_exact(case, v3.Tuning(persistent=True))

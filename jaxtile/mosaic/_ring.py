@@ -267,21 +267,30 @@ class Schedule:
 
     @classmethod
     def balanced(
-        cls, tiles: tuple[int, int, int], work: Sequence[float], most: int, queries_first: bool = False
+        cls,
+        tiles: tuple[int, int, int],
+        work: Sequence[float],
+        most: int,
+        queries_first: bool = False,
+        dealing: float = 0.0,
     ) -> Schedule:
         """The persistent schedule of at most ``most`` programs (and at least 7/8 of them),
         in rounds or snaking (in the order ``queries_first`` says), or ``most`` programs
         `dealt` their tiles, whose `busiest` program has the least ``work`` (where programs
         keep their own share of uneven tiles, their count and order set how even the shares
-        are); the most programs, in rounds, among equals."""
+        are); the most programs, in rounds, among equals. Dealt programs count ``dealing``
+        more work each (what reading the plan costs them, in ``work``'s units)."""
         most = min(most, math.prod(tiles))
-        candidates = [
-            cls(tiles, p, snake, queries_first=queries_first)
-            for p in range(most, max(1, most * 7 // 8) - 1, -1)
-            for snake in (False, True)
-        ]
-        candidates.append(cls.dealt(tiles, work, most, queries_first))  # last: rounds win ties
-        return min(candidates, key=lambda schedule: schedule.busiest(work))
+        rounds = min(
+            (
+                cls(tiles, p, snake, queries_first=queries_first)
+                for p in range(most, max(1, most * 7 // 8) - 1, -1)
+                for snake in (False, True)
+            ),
+            key=lambda schedule: schedule.busiest(work),
+        )
+        dealt = cls.dealt(tiles, work, most, queries_first)
+        return dealt if dealt.busiest(work) + dealing < rounds.busiest(work) else rounds
 
     @classmethod
     def dealt(cls, tiles: tuple[int, int, int], work: Sequence[float], programs: int, queries_first: bool = False):

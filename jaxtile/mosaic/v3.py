@@ -168,6 +168,15 @@ _WIDE_KEYS = 8192
 _PERSISTENT_KEYS = 2048
 
 
+# Persistent programs are dealt their tiles on the host (`_ring.Schedule.dealt`) only
+# where that leaves the busiest program at least this many key tiles (`_key_tiles`) fewer
+# than rounds would: dealing costs about that much that the count misses (H100, forward,
+# dealt against rounds in one process, `bench/results/dealt/`: causal 16K, head dim 64
+# and 128, 32 and 27 key tiles fewer, 1.07x and 1.01x; sinks, GQA 64:8, causal 8K, 17
+# fewer, 1.05x; causal 1K, 4 and 1 fewer, 0.98-0.99x; GQA 32:8, causal 8K, 3 fewer, 1.00x).
+_DEALING = 8
+
+
 def _persistent(spec: MaskSpec | None, rows: int) -> bool:
     """Whether ``spec``'s query tiles of ``rows`` rows each visit at most
     `_PERSISTENT_KEYS` keys, or take persistent programs over more (`_queries_first`),
@@ -484,7 +493,7 @@ def _schedule(spec: MaskSpec, tuning: Tuning, tiles: tuple[int, int, int], rows:
     if bounds is None:
         work = _key_tiles(spec, tiles[1], rows, tuning.block_k)
         schedule = _ring.Schedule.balanced(
-            tiles, work, _ring.multiprocessors(), queries_first=_queries_first(spec, rows)
+            tiles, work, _ring.multiprocessors(), _queries_first(spec, rows), dealing=_DEALING
         )
         return schedule, schedule.operands()
     programs = min(_ring.multiprocessors(), math.prod(tiles))
