@@ -521,6 +521,42 @@ def test_persistent_programs_run_every_tile_once_in_rounds(tiles, programs, snak
         _ring.Schedule((4, 3, 2), 5, ordered=True, queries_first=True)
 
 
+@pytest.mark.parametrize("queries_first", [False, True])
+@pytest.mark.parametrize("tiles, programs", [((4, 3, 2), 5), ((2, 7, 1), 3), ((3, 2, 1), 6)])
+def test_dealt_programs_run_every_tile_once_each_taking_the_next_when_free(tiles, programs, queries_first):
+    """`Schedule.dealt`: each tile, in place order, goes to the program the work dealt so
+    far frees first (the lowest-numbered among equals); the programs (a vmap's
+    ``"programs"`` axis) read their tiles from the plan, their own counts of them."""
+    work = [5.0, 1.0, 3.0, 2.0, 4.0, 1.0, 2.0][: tiles[1]]
+    schedule = _ring.Schedule.dealt(tiles, work, programs, queries_first)
+    heads, q_tiles, _ = tiles
+    places = range(math.prod(tiles))
+    work_at = [work[place % q_tiles if queries_first else place // heads % q_tiles] for place in places]
+    expected, load = [[] for _ in range(programs)], [0.0] * programs
+    for place in places:  # by hand: the least loaded program, the first of equals
+        p = load.index(min(load))
+        expected[p].append(place)
+        load[p] += work_at[place]
+    assert schedule.busiest(work) == max(load)
+    (plan,) = schedule.operands()
+    steps = max(map(len, expected))
+
+    def program(_):
+        indices = [jnp.stack(schedule.index(jnp.int32(i), plan)) for i in range(steps)]
+        return schedule.count(plan), jnp.stack(indices)
+
+    counts, indices = jax.vmap(program, axis_name="programs")(jnp.arange(programs))
+    for p in range(programs):
+        assert int(counts[p]) == len(expected[p])
+        for i, place in enumerate(expected[p]):
+            h, t, b = (int(x) for x in indices[p, i])
+            assert (t + q_tiles * (h + heads * b) if queries_first else h + heads * (t + q_tiles * b)) == place
+    with pytest.raises(ValueError, match=r"a plan of 3 entries needs 24 tiles dealt to persistent programs"):
+        _ring.Schedule((4, 3, 2), 5, plan=(0, 1, 2))
+    with pytest.raises(ValueError, match=r"needs 24 tiles dealt to persistent programs, not .*snake=True"):
+        dataclasses.replace(_ring.Schedule.dealt((4, 3, 2), [1, 1, 1], 5), snake=True)
+
+
 def _run_schedule(schedule: _ring.Schedule, order=None) -> list[tuple[int, int, int]]:
     """The (head, query tile, batch) tiles ``schedule``'s persistent programs run, in launch
     order: each program's ``i``-th tile at place ``i * programs + p``."""
@@ -588,14 +624,76 @@ def test_the_forward_orders_persistent_programs_by_the_runtime_bounds(monkeypatc
     assert order.tolist() == _ring.tile_order(lengths, bounds, 8, rows, 128).tolist()
     structured = MaskSpec.create(2048, 2048, causal=True)
     schedule, operands = v3._schedule(structured, v3.Tuning(persistent=True), tiles, rows, None)
-    assert not schedule.ordered and schedule.programs is not None and operands == ()
+    assert not schedule.ordered and schedule.programs is not None and operands == ()  # dealing saves too little
     assert not schedule.queries_first  # over 2048 keys or fewer, heads fastest
-    causal = MaskSpec.create(8192, 8192, causal=True)
-    schedule, operands = v3._schedule(causal, v3.Tuning(persistent=True), tiles, rows, None)
-    assert schedule.queries_first and schedule.programs is not None and operands == ()
+    causal = MaskSpec.create(16384, 16384, causal=True)
+    schedule, operands = v3._schedule(causal, v3.Tuning(persistent=True), (16, 128, 1), rows, None)
+    assert schedule.queries_first and schedule.programs == 132 and schedule.plan is not None
+    assert [operand.tolist() for operand in operands] == [list(schedule.plan)]  # dealt: the plan is the operand
     full = MaskSpec.create(8192, 8192)
     schedule, operands = v3._schedule(full, v3.Tuning(persistent=True), tiles, rows, None)
     assert schedule == _ring.Schedule(tiles, 132, queries_first=True) and operands == ()
+
+
+def _partitioned(monkeypatch, q_shape, kv_heads, persistent, arrays=None, **options):
+    """``jax.value_and_grad`` of the public call on mosaic_v3 with the abstract ``arrays``
+    (keyword arguments) and static ``options``, traced and lowered for CUDA through
+    `jaxtile.distributed`'s ``custom_partitioning`` (which the interpreted tests step
+    around: `mosaic_interpreter`), on 132 multiprocessors; the lowered call."""
+    monkeypatch.setattr(_ring, "multiprocessors", lambda: 132)
+    unable = registry.Implementation.unable
+    monkeypatch.setattr(
+        registry.Implementation, "unable", lambda self, p: None if self.family == "mosaic" else unable(self, p)
+    )
+    batch, q_len, _, head_dim = q_shape
+    q = jax.ShapeDtypeStruct(q_shape, jnp.bfloat16)
+    k = jax.ShapeDtypeStruct((batch, q_len, kv_heads, head_dim), jnp.bfloat16)
+
+    def loss(q, k, v, arrays):
+        tuning = v3.Tuning(persistent=persistent)
+        out = jaxtile.flash_attention(q, k, v, **arrays, **options, implementation="mosaic_v3", tuning=tuning)
+        return out.astype(jnp.float32).sum()
+
+    lowered = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2))).trace(q, k, k, arrays or {})
+    assert [grad.shape for grad in lowered.out_info[1]] == [q.shape, k.shape, k.shape]
+    return lowered.lower(lowering_platforms=("cuda",))
+
+
+def _runtime_options(runtime: str, q_shape) -> dict:
+    """Abstract runtime inputs of the public call for each ``+``-joined part of ``runtime``."""
+    batch, q_len, heads, _ = q_shape
+    parts = {
+        "segments": dict(segment_ids=jax.ShapeDtypeStruct((batch, q_len), jnp.int32)),
+        "lengths": dict(
+            q_lengths=jax.ShapeDtypeStruct((batch,), jnp.int32), kv_lengths=jax.ShapeDtypeStruct((batch,), jnp.int32)
+        ),
+        "dense": dict(mask=jax.ShapeDtypeStruct((batch, heads, q_len, q_len), jnp.bool_)),
+        "bias": dict(bias=jax.ShapeDtypeStruct((1, heads, q_len, q_len), jnp.bfloat16)),
+        "sinks": dict(sinks=jax.ShapeDtypeStruct((heads,), jnp.float32)),
+    }
+    return {name: value for part in runtime.split("+") if part for name, value in parts[part].items()}
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("runtime", ["", "segments", "lengths", "dense", "bias", "sinks", "segments+lengths+bias"])
+def test_every_runtime_input_traces_through_the_partitioned_call(runtime, persistent, monkeypatch):
+    """``custom_partitioning`` takes no constants of the function it traces: every runtime
+    part of the mask, and the bias and sinks, reach mosaic_v3's kernels, forward and
+    backward, through it (a GQA window, head dim 128, 1K)."""
+    q_shape = (2, 1024, 4, 128)
+    arrays = _runtime_options(runtime, q_shape)
+    text = _partitioned(monkeypatch, q_shape, 2, persistent, arrays, causal=True, window=(300, 0)).as_text()
+    assert "mosaic_gpu" in text
+
+
+def test_a_dealt_plan_reaches_the_kernel_through_the_partitioned_call(monkeypatch):
+    """The plan is made by a ``jit`` of its own (`_ring._constant`), so the partitioned
+    call traces and lowers with the head dim 128, causal, 16K tiles dealt to 132 programs."""
+    schedule, taken = v3._schedule, []
+    monkeypatch.setattr(v3, "_schedule", lambda *args: taken.append(schedule(*args)) or taken[-1])
+    _partitioned(monkeypatch, (1, 16384, 16, 128), 16, True, causal=True)
+    (dealt, (plan,)) = taken[0]
+    assert dealt.plan is not None and plan.shape == (len(dealt.plan),)
 
 
 def test_the_tile_order_counts_the_key_tiles_positions_leave():
@@ -611,13 +709,18 @@ def test_persistent_programs_even_out_their_shares_of_uneven_tiles():
     them) and order whose busiest program has the least work: equal tiles go round on
     every multiprocessor; causal tiles (heaviest first) whose rounds would keep each
     program on nearly the same query tile snake, on fewer programs where that evens
-    them out."""
+    them out, or are dealt to every multiprocessor as they free (`Schedule.dealt`) where
+    that evens them out more, by more than ``dealing``."""
     assert _ring.Schedule.balanced((16, 8, 16), [1] * 8, 132) == _ring.Schedule((16, 8, 16), 132)
     causal = [8 - t + 1 for t in range(8)]  # key tiles of a 1K causal call's query tiles, heaviest first, plus one
+    rounds = [_ring.Schedule((16, 8, 16), p, snake) for p in range(132, 115, -1) for snake in (False, True)]
+    snaking = min(rounds, key=lambda schedule: schedule.busiest(causal))
+    assert snaking == _ring.Schedule((16, 8, 16), 128, True) and snaking.busiest(causal) == 88
+    assert snaking.busiest(causal) < _ring.Schedule((16, 8, 16), 132).busiest(causal) / 1.3
     balanced = _ring.Schedule.balanced((16, 8, 16), causal, 132)
-    assert balanced == _ring.Schedule((16, 8, 16), 128, True)
-
-    assert balanced.busiest(causal) < _ring.Schedule((16, 8, 16), 132).busiest(causal) / 1.3
+    assert balanced == _ring.Schedule.dealt((16, 8, 16), causal, 132) and balanced.busiest(causal) == 87
+    # Dealing costs the forward's programs `v3._DEALING` key tiles: one fewer is not worth it.
+    assert _ring.Schedule.balanced((16, 8, 16), causal, 132, dealing=v3._DEALING) == snaking
     # The busiest program's work, counted by hand: 16 x 8 x 16 tiles dealt round 132 programs.
     ran = [[] for _ in range(132)]
     for place in range(16 * 8 * 16):
@@ -631,6 +734,15 @@ def test_persistent_programs_even_out_their_shares_of_uneven_tiles():
     queries_first = _ring.Schedule.balanced((16, 8, 16), [1] * 8, 132, queries_first=True)
     assert queries_first == _ring.Schedule((16, 8, 16), 132, queries_first=True)
     assert _ring.Schedule.balanced((2, 2, 1), [1, 1], 132) == _ring.Schedule((2, 2, 1), 4)
+    # Head dim 128, causal, 16K (128 query tiles of 128 rows in 16 heads, heaviest first,
+    # 128-key tiles): 128 programs snaking take 1048 key tiles each, 4 multiprocessors
+    # idle; all 132 dealt the tiles as they free take at most 1021, an even share 1016.
+    causal_16k = [128 - t + 1 for t in range(128)]
+    rounds = _ring.Schedule((16, 128, 1), 128, True, queries_first=True)
+    assert rounds.busiest(causal_16k) == 1048 and sum(causal_16k) * 16 / 132 > 1016
+    dealt = _ring.Schedule.balanced((16, 128, 1), causal_16k, 132, queries_first=True, dealing=v3._DEALING)
+    assert dealt == _ring.Schedule.dealt((16, 128, 1), causal_16k, 132, queries_first=True)
+    assert dealt.busiest(causal_16k) == 1021
 
 
 def test_persistent_programs_by_default_where_query_tiles_visit_few_keys_or_have_no_left_bound():
@@ -884,9 +996,11 @@ def test_persistent_programs_are_exact_on_the_gpu(case, programs, monkeypatch, r
     """Persistent programs (`Tuning.persistent`) against the float64 reference, outputs
     and gradients: as many programs as multiprocessors, and 3 so that each runs many
     tiles of uneven lengths and the ring's slots carry over from tile to tile (the count
-    is read when the kernel is traced: jax's caches are cleared around the test)."""
+    is read when the kernel is traced: jax's caches are cleared around the test); the 3
+    programs are dealt causal_256_tiles' tiles (dealing costs nothing here: `v3._DEALING`)."""
     if programs is not None:
         monkeypatch.setattr(_ring, "multiprocessors", lambda: programs)
+        monkeypatch.setattr(v3, "_DEALING", 0)
     jax.clear_caches()
     request.addfinalizer(jax.clear_caches)
     assert_exact(case, v3.Tuning(persistent=True))

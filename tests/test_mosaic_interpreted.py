@@ -98,11 +98,13 @@ CASES = [
     ),
 ]
 
-# Persistent programs, 3 of them so that each runs several tiles and the rings' slots carry
-# over from tile to tile, each case beside the schedule it takes: heads fastest (a window),
-# and more keys than `v3._PERSISTENT_KEYS` with no left bound, where the query tiles go
-# fastest (`v3._queries_first`); the test lowers that threshold from 2048 to 256, since the
-# interpreter's time grows with the keys.
+# Persistent programs, few of them so that each runs several tiles and the rings' slots
+# carry over from tile to tile, each case beside its programs and the schedule it takes:
+# heads fastest (a window), and more keys than `v3._PERSISTENT_KEYS` with no left bound,
+# where the query tiles go fastest (`v3._queries_first`), in rounds, or, causal, dealt on
+# the host (`_ring.Schedule.dealt`: 6 tiles to 4 programs, one or two each); the test
+# lowers that threshold from 2048 to 256, since the interpreter's time grows with the keys,
+# and what dealing costs (`v3._DEALING`) to nothing, since so few tiles save little.
 PERSISTENT_CASES = [
     (
         _case(
@@ -116,9 +118,19 @@ PERSISTENT_CASES = [
             causal=True,
             window=(100, 0),
         ),
-        False,
+        3,
+        dict(queries_first=False, dealt=False),
     ),
-    (_case("persistent_queries_first", q_len=260, kv_len=400, num_heads=2, head_dim=64, dtype="bfloat16"), True),
+    (
+        _case("persistent_queries_first", q_len=260, kv_len=400, num_heads=2, head_dim=64, dtype="bfloat16"),
+        3,
+        dict(queries_first=True, dealt=False),
+    ),
+    (
+        _case("persistent_dealt_causal", q_len=260, num_heads=2, head_dim=64, dtype="bfloat16", causal=True),
+        4,
+        dict(queries_first=True, dealt=True),
+    ),
 ]
 
 
@@ -128,12 +140,18 @@ def test_the_kernels_are_exact(case, monkeypatch):
         assert_exact(case)
 
 
-@pytest.mark.parametrize("case,queries_first", PERSISTENT_CASES, ids=[case.name for case, _ in PERSISTENT_CASES])
-def test_persistent_programs_are_exact(case, queries_first, monkeypatch):
-    monkeypatch.setattr(_ring, "multiprocessors", lambda: 3)
+@pytest.mark.parametrize("case,programs,schedule", PERSISTENT_CASES, ids=[case.name for case, *_ in PERSISTENT_CASES])
+def test_persistent_programs_are_exact(case, programs, schedule, monkeypatch):
+    monkeypatch.setattr(_ring, "multiprocessors", lambda: programs)
     monkeypatch.setattr(v3, "_PERSISTENT_KEYS", 256)
+    monkeypatch.setattr(v3, "_DEALING", 0)
     spec = MaskSpec.create(case.q_len, case.kv, causal=case.causal, window=case.window)
-    assert v3._queries_first(spec, _ring.CONSUMERS * v3.Tuning().block_q) == queries_first
+    rows = _ring.CONSUMERS * v3.Tuning().block_q
+    q_tiles = -(-case.q_len // rows)
+    work = v3._key_tiles(spec, q_tiles, rows, v3.default_tuning(case.head_dim, case.head_dim, 2, spec).block_k)
+    tiles = (case.num_heads, q_tiles, 1)
+    taken = _ring.Schedule.balanced(tiles, work, programs, v3._queries_first(spec, rows), dealing=v3._DEALING)
+    assert (taken.queries_first, taken.plan is not None) == (schedule["queries_first"], schedule["dealt"])
     with interpreted(monkeypatch):
         assert_exact(case, v3.Tuning(persistent=True))
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import heapq
 import inspect
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
@@ -231,6 +233,11 @@ class Schedule:
     ``ordered`` (persistent programs only): the places in that order hold the tiles of a
     runtime permutation (`tile_order`, the heaviest first), for masks with runtime bounds
     (by default lengths alone), which make the tiles uneven in ways the host cannot see.
+
+    ``plan`` (persistent programs only, in place of rounds): the places each program runs,
+    dealt on the host (`dealt`): program ``p``'s ``i``-th tile is at place
+    ``plan[programs + 1 + plan[p] + i]``, for ``i < plan[p + 1] - plan[p]``. The kernels
+    read it from their one extra operand (`operands`).
     """
 
     tiles: tuple[int, int, int]
@@ -238,6 +245,7 @@ class Schedule:
     snake: bool = False
     ordered: bool = False
     queries_first: bool = False
+    plan: tuple[int, ...] | None = None
 
     def __post_init__(self):
         if self.programs is not None and not 0 < self.programs <= math.prod(self.tiles):
@@ -249,33 +257,83 @@ class Schedule:
                 f"queries_first={self.queries_first} needs persistent programs in rounds, not "
                 f"programs={self.programs}, ordered={self.ordered}"
             )
+        if self.plan is not None and (
+            self.programs is None or self.ordered or self.snake or len(self.plan) != self.programs + 1 + self.size
+        ):
+            raise ValueError(
+                f"a plan of {len(self.plan)} entries needs {self.size} tiles dealt to persistent programs, not "
+                f"programs={self.programs}, snake={self.snake}, ordered={self.ordered}"
+            )
 
     @classmethod
     def balanced(
-        cls, tiles: tuple[int, int, int], work: Sequence[float], most: int, queries_first: bool = False
+        cls,
+        tiles: tuple[int, int, int],
+        work: Sequence[float],
+        most: int,
+        queries_first: bool = False,
+        dealing: float = 0.0,
     ) -> Schedule:
         """The persistent schedule of at most ``most`` programs (and at least 7/8 of them),
-        in rounds or snaking (in the order ``queries_first`` says), whose `busiest` program
-        has the least ``work`` (where programs keep their own share of uneven tiles, their
-        count and order set how even the shares are); the most programs, in rounds, among
-        equals."""
+        in rounds or snaking (in the order ``queries_first`` says), or ``most`` programs
+        `dealt` their tiles, whose `busiest` program has the least ``work`` (where programs
+        keep their own share of uneven tiles, their count and order set how even the shares
+        are); the most programs, in rounds, among equals. Dealt programs count ``dealing``
+        more work each (what reading the plan costs them, in ``work``'s units)."""
         most = min(most, math.prod(tiles))
-        candidates = [
-            cls(tiles, p, snake, queries_first=queries_first)
-            for p in range(most, max(1, most * 7 // 8) - 1, -1)
-            for snake in (False, True)
-        ]
-        return min(candidates, key=lambda schedule: schedule.busiest(work))
+        rounds = min(
+            (
+                cls(tiles, p, snake, queries_first=queries_first)
+                for p in range(most, max(1, most * 7 // 8) - 1, -1)
+                for snake in (False, True)
+            ),
+            key=lambda schedule: schedule.busiest(work),
+        )
+        dealt = cls.dealt(tiles, work, most, queries_first)
+        return dealt if dealt.busiest(work) + dealing < rounds.busiest(work) else rounds
+
+    @classmethod
+    def dealt(cls, tiles: tuple[int, int, int], work: Sequence[float], programs: int, queries_first: bool = False):
+        """The tiles in place order (``queries_first`` or heads fastest) each dealt to the
+        program that the ``work`` dealt so far frees first (the lowest-numbered among
+        equals), as the hardware starts a launch's blocks: list scheduling, which a
+        program's tiles of uneven work need not follow round by round."""
+        load = [(0.0, p) for p in range(programs)]
+        places: list[list[int]] = [[] for _ in range(programs)]
+        for place, tile_work in enumerate(cls(tiles, programs, queries_first=queries_first)._work(work)):
+            done, p = heapq.heappop(load)
+            places[p].append(place)
+            heapq.heappush(load, (done + tile_work, p))
+        starts = np.cumsum([0] + [len(p) for p in places]).tolist()
+        return cls(tiles, programs, queries_first=queries_first, plan=(*starts, *itertools.chain(*places)))
+
+    @property
+    def size(self) -> int:
+        """The tiles of the grid."""
+        return math.prod(self.tiles)
+
+    def _work(self, work: Sequence[float]) -> np.ndarray:
+        """``work[t]`` (a tile of grid index ``t`` along the query tiles) at each place."""
+        heads, q_tiles, _ = self.tiles
+        place = np.arange(self.size)
+        return np.asarray(work, np.float64)[place % q_tiles if self.queries_first else place // heads % q_tiles]
 
     def busiest(self, work: Sequence[float]) -> float:
         """The most work any of the persistent programs does, ``work[t]`` estimating a tile
         of grid index ``t`` along the query tiles."""
-        heads, q_tiles, _ = self.tiles
-        place = np.arange(math.prod(self.tiles))
-        rounds, column = np.divmod(place, self.programs)
-        program = np.where(self.snake & (rounds % 2 == 1), self.programs - 1 - column, column)
-        q_tile = place % q_tiles if self.queries_first else place // heads % q_tiles
-        return np.bincount(program, np.asarray(work, np.float64)[q_tile], self.programs).max()
+        if self.plan is None:
+            rounds, column = np.divmod(np.arange(self.size), self.programs)
+            program = np.where(self.snake & (rounds % 2 == 1), self.programs - 1 - column, column)
+        else:
+            program = np.empty(self.size, np.int64)
+            program[list(self.plan[self.programs + 1 :])] = np.repeat(
+                np.arange(self.programs), np.diff(self.plan[: self.programs + 1])
+            )
+        return np.bincount(program, self._work(work), self.programs).max()
+
+    def operands(self) -> tuple[jax.Array, ...]:
+        """The kernels' operand of a `plan` (int32), or none."""
+        return () if self.plan is None else (_constant(self.plan),)
 
     @property
     def grid(self) -> tuple[int, ...]:
@@ -285,48 +343,62 @@ class Schedule:
     def names(self) -> tuple[str, ...]:
         return ("heads", "q_tiles", "batch") if self.programs is None else ("programs",)
 
-    def _linear(self, i):
-        """The place in launch order of this program's tile in round ``i``."""
+    def _linear(self, i, operand=None):
+        """The place of this program's ``i``-th tile: in the `plan` ref ``operand``, or in
+        round ``i`` of the launch order."""
         i, programs, p = jnp.asarray(i, jnp.int32), jnp.int32(self.programs), lax.axis_index("programs")
+        if self.plan is not None:
+            return operand[programs + 1 + operand[p] + i]
         if not self.snake:
             return i * programs + p
         return i * programs + jnp.where(lax.rem(i, jnp.int32(2)) == 1, programs - 1 - p, p)
 
-    def count(self):
-        """The number of tiles this program runs."""
+    def count(self, operand=None):
+        """The number of tiles this program runs (from the `plan` ref ``operand`` if any)."""
         if self.programs is None:
             return 1
-        rounds = math.prod(self.tiles) // self.programs  # the last, partial round: a tile for some
-        partial = self._linear(rounds) < math.prod(self.tiles)
+        if self.plan is not None:
+            p = lax.axis_index("programs")
+            return operand[p + 1] - operand[p]
+        rounds = self.size // self.programs  # the last, partial round: a tile for some
+        partial = self._linear(rounds) < self.size
         return jnp.int32(rounds) + partial.astype(jnp.int32)
 
-    def index(self, i, order=None):
-        """``(head, query tile, batch)`` of this program's ``i``-th tile (through the
-        `tile_order` ref ``order`` if `ordered`)."""
+    def index(self, i, operand=None):
+        """``(head, query tile, batch)`` of this program's ``i``-th tile (through the ref
+        ``operand``: the `tile_order` permutation if `ordered`, the `plan` if any)."""
         if self.programs is None:
             return tuple(lax.axis_index(name) for name in self.names)
         heads, q_tiles, _ = (jnp.int32(n) for n in self.tiles)
-        linear = self._linear(i)
+        linear = self._linear(i, operand)
         if self.queries_first:
             return lax.rem(lax.div(linear, q_tiles), heads), lax.rem(linear, q_tiles), lax.div(linear, heads * q_tiles)
         if not self.ordered:
             return lax.rem(linear, heads), lax.rem(lax.div(linear, heads), q_tiles), lax.div(linear, heads * q_tiles)
         # A unit of the order stands for `repeat` heads (all of them where the bounds are
         # the same for every head): place `linear` is head `r` of unit `order[linear // repeat]`.
-        units_heads = order.shape[0] // (self.tiles[1] * self.tiles[2])
+        units_heads = operand.shape[0] // (self.tiles[1] * self.tiles[2])
         repeat = jnp.int32(self.tiles[0] // units_heads)
-        unit, r = order[lax.div(linear, repeat)], lax.rem(linear, repeat)
+        unit, r = operand[lax.div(linear, repeat)], lax.rem(linear, repeat)
         head_and_batch = lax.div(unit, q_tiles)
         h = lax.rem(head_and_batch, jnp.int32(units_heads)) * repeat + r
         return h, lax.rem(unit, q_tiles), lax.div(head_and_batch, jnp.int32(units_heads))
 
-    def loop(self, body):
-        """``body(i, done) -> done`` over this program's tiles ``i``, ``done`` counting the
-        steps of the ring before tile ``i`` (a Python 0 with one tile per program)."""
+    def loop(self, body, operand=None):
+        """``body(i, done) -> done`` over this program's tiles ``i`` (`count`), ``done``
+        counting the steps of the ring before tile ``i`` (a Python 0 with one tile per
+        program)."""
         if self.programs is None:
             body(0, 0)
         else:
-            lax.fori_loop(jnp.int32(0), self.count(), body, jnp.int32(0))
+            lax.fori_loop(jnp.int32(0), self.count(operand), body, jnp.int32(0))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _constant(values: tuple[int, ...]) -> jax.Array:
+    """``values`` as an int32 array that is a constant of its own ``jit`` alone: the call
+    tracing it (`jaxtile.distributed`'s ``custom_partitioning``) takes no constants."""
+    return jnp.asarray(values, jnp.int32)
 
 
 def tile_order(spec: MaskSpec, bounds, batch: int, rows: int, block_k: int) -> jax.Array:

@@ -168,6 +168,15 @@ _WIDE_KEYS = 8192
 _PERSISTENT_KEYS = 2048
 
 
+# Persistent programs are dealt their tiles on the host (`_ring.Schedule.dealt`) only
+# where that leaves the busiest program at least this many key tiles (`_key_tiles`) fewer
+# than rounds would: dealing costs about that much that the count misses (H100, forward,
+# dealt against rounds in one process, `bench/results/dealt/`: causal 16K, head dim 64
+# and 128, 32 and 27 key tiles fewer, 1.07x and 1.01x; sinks, GQA 64:8, causal 8K, 17
+# fewer, 1.05x; causal 1K, 4 and 1 fewer, 0.98-0.99x; GQA 32:8, causal 8K, 3 fewer, 1.00x).
+_DEALING = 8
+
+
 def _persistent(spec: MaskSpec | None, rows: int) -> bool:
     """Whether ``spec``'s query tiles of ``rows`` rows each visit at most
     `_PERSISTENT_KEYS` keys, or take persistent programs over more (`_queries_first`),
@@ -279,12 +288,12 @@ def _kernel(
     """Algorithm 1 for the (query tile, batch, head) tiles of this program (`Schedule`):
     the producer's and both consumers' parts, chosen by the warpgroup index. ``refs``: q,
     k, v, the bias (`_ring.bias_operand`), the sinks in base 2 (``[heads]``), the runtime
-    parts of the mask (`_ring.runtime_operands`), each where the call has it, out, lse
-    and the shared memory."""
+    parts of the mask (`_ring.runtime_operands`), each where the call has it, the
+    schedule's operand (`_schedule`) where it has one, out, lse and the shared memory."""
     q_ref, k_ref, v_ref, *runtime, o_ref, lse_ref, scoped = refs
     bias_ref = runtime.pop(0) if logits.bias else None
     sinks_ref = runtime.pop(0) if sinks else None
-    order_ref = runtime.pop() if schedule.ordered else None
+    schedule_ref = runtime.pop() if schedule.ordered or schedule.plan is not None else None
     ids, lengths_ref, dense_ref, bounds_ref = _ring.runtime_refs(spec, runtime)
     (own, ring, o_smem), (own_ready, ready, free), turn = scoped
     bias_ring = (ring[-1], ready[-1], free[-1]) if logits.bias else None
@@ -297,7 +306,7 @@ def _kernel(
 
     def tile(i):
         """``(head, query tile, batch)`` of this program's ``i``-th tile, and its key spans."""
-        h, t, b = schedule.index(i, order_ref)
+        h, t, b = schedule.index(i, schedule_ref)
         if not schedule.ordered:
             t = _ring.query_tile(spec, schedule.tiles[1], t)
         return (h, t, b), *_ring.key_spans(spec, rows, bk, t, b, bounds_ref, h)
@@ -321,7 +330,7 @@ def _kernel(
             row0 = t * rows + wg * bq
 
             def load_next():
-                pl.when(i + 1 < schedule.count())(functools.partial(load_q, i + 1))
+                pl.when(i + 1 < schedule.count(schedule_ref))(functools.partial(load_q, i + 1))
 
             if not persistent:
                 load_q(i)
@@ -422,7 +431,7 @@ def _kernel(
 
         if persistent:
             load_q(0)
-        schedule.loop(run)
+        schedule.loop(run, schedule_ref)
         plgpu.wait_smem_to_gmem(0)
 
     @pl.when(wg == CONSUMERS)
@@ -440,7 +449,7 @@ def _kernel(
             )
             return done + steps
 
-        schedule.loop(run)
+        schedule.loop(run, schedule_ref)
 
 
 def _tuning(
@@ -476,16 +485,17 @@ def _key_tiles(spec: MaskSpec, q_tiles: int, rows: int, block_k: int) -> np.ndar
 def _schedule(spec: MaskSpec, tuning: Tuning, tiles: tuple[int, int, int], rows: int, bounds):
     """The forward's `_ring.Schedule` of ``tiles`` and its extra operands: one program per
     tile, or persistent programs; these balanced on the host (`_key_tiles`) where the mask
-    has no runtime ``bounds`` (the query tiles fastest where `_queries_first`), else
-    taking the tiles heaviest first in snaking rounds (`_ring.tile_order`, the one
-    operand)."""
+    has no runtime ``bounds`` (the query tiles fastest where `_queries_first`; a dealt `_ring.Schedule.plan`
+    is the one operand), else taking the tiles heaviest first in snaking rounds
+    (`_ring.tile_order`, the one operand)."""
     if not tuning.persistent:
         return _ring.Schedule(tiles), ()
     if bounds is None:
         work = _key_tiles(spec, tiles[1], rows, tuning.block_k)
-        return _ring.Schedule.balanced(
-            tiles, work, _ring.multiprocessors(), queries_first=_queries_first(spec, rows)
-        ), ()
+        schedule = _ring.Schedule.balanced(
+            tiles, work, _ring.multiprocessors(), _queries_first(spec, rows), dealing=_DEALING
+        )
+        return schedule, schedule.operands()
     programs = min(_ring.multiprocessors(), math.prod(tiles))
     order = _ring.tile_order(spec, bounds, tiles[2], rows, tuning.block_k)
     return _ring.Schedule(tiles, programs, snake=True, ordered=True), (order,)
@@ -522,7 +532,7 @@ def forward_pass(inputs: Inputs, config: Config):
     dims_p = dataclasses.replace(dims, q_len=q_len, kv_len=kv_len, head_dim=head_dim, head_dim_v=head_dim_v)
     tiles = (dims.num_heads, q_len // rows, dims.batch)
     runtime = _ring.runtime_operands(inputs, config.mask, q_len, kv_len, rows, tuning.block_k)
-    schedule, order = _schedule(config.mask, tuning, tiles, rows, _ring.runtime_refs(config.mask, runtime).bounds)
+    schedule, scheduled = _schedule(config.mask, tuning, tiles, rows, _ring.runtime_refs(config.mask, runtime).bounds)
     bias = () if inputs.bias is None else (_ring.bias_operand(inputs.bias, config.mask, q_len, kv_len),)
     sinks = () if inputs.sinks is None else (inputs.sinks * sm.LOG2E,)
     kernel = functools.partial(
@@ -542,7 +552,7 @@ def forward_pass(inputs: Inputs, config: Config):
     ring += _ring.bias_tiles(inputs.bias, stages, rows, bk)
     out, lse = _ring.launch(
         kernel,
-        (q, k, v, *bias, *sinks, *runtime, *order),
+        (q, k, v, *bias, *sinks, *runtime, *scheduled),
         (
             jax.ShapeDtypeStruct((dims.batch, q_len, dims.num_heads, head_dim_v), dtype),
             jax.ShapeDtypeStruct((dims.batch, dims.num_heads, q_len), jnp.float32),
