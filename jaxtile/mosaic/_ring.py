@@ -279,7 +279,8 @@ class Schedule:
         `dealt` their tiles, whose `busiest` program has the least ``work`` (where programs
         keep their own share of uneven tiles, their count and order set how even the shares
         are); the most programs, in rounds, among equals. Dealt programs count ``dealing``
-        more work each (what reading the plan costs them, in ``work``'s units)."""
+        more work each: what dealing costs that `busiest` does not count, in ``work``'s
+        units."""
         most = min(most, math.prod(tiles))
         rounds = min(
             (

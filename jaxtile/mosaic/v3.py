@@ -485,9 +485,9 @@ def _key_tiles(spec: MaskSpec, q_tiles: int, rows: int, block_k: int) -> np.ndar
 def _schedule(spec: MaskSpec, tuning: Tuning, tiles: tuple[int, int, int], rows: int, bounds):
     """The forward's `_ring.Schedule` of ``tiles`` and its extra operands: one program per
     tile, or persistent programs; these balanced on the host (`_key_tiles`) where the mask
-    has no runtime ``bounds`` (the query tiles fastest where `_queries_first`; a dealt `_ring.Schedule.plan`
-    is the one operand), else taking the tiles heaviest first in snaking rounds
-    (`_ring.tile_order`, the one operand)."""
+    has no runtime ``bounds`` (the query tiles fastest where `_queries_first`; where they
+    are dealt, `_DEALING`, the plan is the one operand), else taking the tiles heaviest
+    first in snaking rounds (`_ring.tile_order`, the one operand)."""
     if not tuning.persistent:
         return _ring.Schedule(tiles), ()
     if bounds is None:
