@@ -635,9 +635,9 @@ def test_the_forward_orders_persistent_programs_by_the_runtime_bounds(monkeypatc
     assert schedule == _ring.Schedule(tiles, 132, queries_first=True) and operands == ()
 
 
-def _partitioned(monkeypatch, q_shape, kv_heads, persistent, arrays=None, **options):
-    """``jax.value_and_grad`` of the public call on mosaic_v3 with the abstract ``arrays``
-    (keyword arguments) and static ``options``, traced and lowered for CUDA through
+def _partitioned(monkeypatch, call: tuple, runtime: str = "", persistent: bool = True):
+    """``jax.value_and_grad`` of the public call on mosaic_v3 with `_call`'s abstract
+    inputs of ``call`` and ``runtime``, traced and lowered for CUDA through
     `jaxtile.distributed`'s ``custom_partitioning`` (which the interpreted tests step
     around: `mosaic_interpreter`), on 132 multiprocessors; the lowered call."""
     monkeypatch.setattr(_ring, "multiprocessors", lambda: 132)
@@ -645,33 +645,23 @@ def _partitioned(monkeypatch, q_shape, kv_heads, persistent, arrays=None, **opti
     monkeypatch.setattr(
         registry.Implementation, "unable", lambda self, p: None if self.family == "mosaic" else unable(self, p)
     )
-    batch, q_len, _, head_dim = q_shape
-    q = jax.ShapeDtypeStruct(q_shape, jnp.bfloat16)
-    k = jax.ShapeDtypeStruct((batch, q_len, kv_heads, head_dim), jnp.bfloat16)
+    *_, causal, window, soft_cap, _ = call
+    inputs, _ = _call(*call, runtime=runtime)
+    lengths = None if inputs.lengths is None else jax.ShapeDtypeStruct(inputs.lengths.shape[:1], jnp.int32)
+    ids = None if inputs.q_segment_ids is None else (inputs.q_segment_ids, inputs.kv_segment_ids)
+    arrays = dict(
+        segment_ids=ids, mask=inputs.mask, q_lengths=lengths, kv_lengths=lengths, bias=inputs.bias, sinks=inputs.sinks
+    )
+
+    options = dict(causal=causal, window=window, logits_soft_cap=soft_cap, tuning=v3.Tuning(persistent=persistent))
 
     def loss(q, k, v, arrays):
-        tuning = v3.Tuning(persistent=persistent)
-        out = jaxtile.flash_attention(q, k, v, **arrays, **options, implementation="mosaic_v3", tuning=tuning)
+        out = jaxtile.flash_attention(q, k, v, **arrays, **options, implementation="mosaic_v3")
         return out.astype(jnp.float32).sum()
 
-    lowered = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2))).trace(q, k, k, arrays or {})
-    assert [grad.shape for grad in lowered.out_info[1]] == [q.shape, k.shape, k.shape]
+    lowered = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2))).trace(*inputs[:3], arrays)
+    assert [grad.shape for grad in lowered.out_info[1]] == [x.shape for x in inputs[:3]]
     return lowered.lower(lowering_platforms=("cuda",))
-
-
-def _runtime_options(runtime: str, q_shape) -> dict:
-    """Abstract runtime inputs of the public call for each ``+``-joined part of ``runtime``."""
-    batch, q_len, heads, _ = q_shape
-    parts = {
-        "segments": dict(segment_ids=jax.ShapeDtypeStruct((batch, q_len), jnp.int32)),
-        "lengths": dict(
-            q_lengths=jax.ShapeDtypeStruct((batch,), jnp.int32), kv_lengths=jax.ShapeDtypeStruct((batch,), jnp.int32)
-        ),
-        "dense": dict(mask=jax.ShapeDtypeStruct((batch, heads, q_len, q_len), jnp.bool_)),
-        "bias": dict(bias=jax.ShapeDtypeStruct((1, heads, q_len, q_len), jnp.bfloat16)),
-        "sinks": dict(sinks=jax.ShapeDtypeStruct((heads,), jnp.float32)),
-    }
-    return {name: value for part in runtime.split("+") if part for name, value in parts[part].items()}
 
 
 @pytest.mark.parametrize("persistent", [False, True])
@@ -679,11 +669,9 @@ def _runtime_options(runtime: str, q_shape) -> dict:
 def test_every_runtime_input_traces_through_the_partitioned_call(runtime, persistent, monkeypatch):
     """``custom_partitioning`` takes no constants of the function it traces: every runtime
     part of the mask, and the bias and sinks, reach mosaic_v3's kernels, forward and
-    backward, through it (a GQA window, head dim 128, 1K)."""
-    q_shape = (2, 1024, 4, 128)
-    arrays = _runtime_options(runtime, q_shape)
-    text = _partitioned(monkeypatch, q_shape, 2, persistent, arrays, causal=True, window=(300, 0)).as_text()
-    assert "mosaic_gpu" in text
+    backward, through it (a GQA window over more keys than queries, head dims 80 and 48)."""
+    lowered = _partitioned(monkeypatch, CALLS["window_gqa_ragged_d80_v48"], runtime, persistent)
+    assert "mosaic_gpu" in lowered.as_text()
 
 
 def test_a_dealt_plan_reaches_the_kernel_through_the_partitioned_call(monkeypatch):
@@ -691,7 +679,7 @@ def test_a_dealt_plan_reaches_the_kernel_through_the_partitioned_call(monkeypatc
     call traces and lowers with the head dim 128, causal, 16K tiles dealt to 132 programs."""
     schedule, taken = v3._schedule, []
     monkeypatch.setattr(v3, "_schedule", lambda *args: taken.append(schedule(*args)) or taken[-1])
-    _partitioned(monkeypatch, (1, 16384, 16, 128), 16, True, causal=True)
+    _partitioned(monkeypatch, ((1, 16384, 16, 128), 16384, 16, 128, True, None, None, jnp.bfloat16))
     (dealt, (plan,)) = taken[0]
     assert dealt.plan is not None and plan.shape == (len(dealt.plan),)
 
