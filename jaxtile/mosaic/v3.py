@@ -47,7 +47,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu  # the Pallas API of jax
 from jaxtile import _softmax as sm
 from jaxtile import registry
 from jaxtile._core import Config, Inputs, Shape, bias_grad_dtype, pad_to
-from jaxtile.mask import MaskSpec, bounds_at
+from jaxtile.mask import MaskSpec
 from jaxtile.mosaic import _ring
 from jaxtile.mosaic._ring import BLOCK_SHARED_MEMORY, CONSUMERS, WGMMA_ROWS, along, padded, smem
 from jaxtile.mosaic.backward import BackwardTuning, backward_pass, backward_temporaries, default_backward_tuning
@@ -175,7 +175,6 @@ _PERSISTENT_KEYS = 2048
 # and 128, 32 and 27 key tiles fewer, 1.07x and 1.01x; sinks, GQA 64:8, causal 8K, 17
 # fewer, 1.05x; causal 1K, 4 and 1 fewer, 0.98-0.99x; GQA 32:8, causal 8K, 3 fewer, 1.00x).
 _DEALING = 8
-UNIFORM_IDS = True
 
 
 def _persistent(spec: MaskSpec | None, rows: int) -> bool:
@@ -304,7 +303,6 @@ def _kernel(
     rows = CONSUMERS * bq
     wg = lax.axis_index("wg")
     persistent = schedule.programs is not None
-    plain = dataclasses.replace(spec, has_segments=False)
 
     def tile(i):
         """``(head, query tile, batch)`` of this program's ``i``-th tile, and its key spans."""
@@ -340,9 +338,7 @@ def _kernel(
             q_tile = own[0].at[wg]
             q_segment = _ring.load_stat(own[1].at[wg], 0) if spec.has_segments else None
             lengths = _ring.read_lengths(lengths_ref, b)
-            uniform = None
-            if UNIFORM_IDS and spec.has_segments and not spec.has_dense_mask and bounds_ref is not None:
-                uniform = bounds_at(bounds_ref, t, b, h)[1:3]
+            same = _ring.same_ids(spec, bounds_ref, t, b, h)
             # Line 4: O_i = 0, l_i = 0, m_i = -inf; a sink is the rows' first logit, with
             # value 0 (m_i = sink, l_i = 1; l_i = 0 for a sink of -inf).
             m_0, l_0 = -jnp.inf, 0.0
@@ -381,28 +377,12 @@ def _kernel(
                     pl.when(s + 1 == steps)(load_next)
                 pre = logits.pre(scores, _ring.step_bias(bias_ring, slot, wg * bq, bq))  # the bias rides the ring
                 plgpu.barrier_arrive(k_free.at[slot])
-                if masked and uniform is not None:
-                    inside = (j >= uniform[0]) & (j < uniform[1])
-
-                    def with_ids(tile):
-                        def positional(x):
-                            vis = _ring.visible(plain, (row0, j * bk), x.shape, 0, lengths=lengths)
-                            return jnp.where(vis, x, -jnp.inf)
-
-                        def by_ids(x):
-                            kv_segment = _ring.load_stat(tile, 1)
-                            runtime = dict(lengths=lengths, own_ids=q_segment, step_ids=kv_segment)
-                            return jnp.where(_ring.visible(spec, (row0, j * bk), x.shape, 0, **runtime), x, -jnp.inf)
-
-                        return lax.cond(inside, positional, by_ids, pre)
-
-                    pre = _ring.step_tile((keys.tiles[2], keys.ready[2], keys.free[2]), slot, with_ids)
-                else:
-                    kv_segment = keys.step_ids(slot, masked)  # the keys' ids ride the ring, as the dense mask
-                    dense = _ring.step_dense(dense_ring, slot, masked, wg * bq, bq)
-                    if masked:
-                        runtime = dict(lengths=lengths, own_ids=q_segment, step_ids=kv_segment, dense=dense)
-                        pre = jnp.where(_ring.visible(spec, (row0, j * bk), pre.shape, 0, **runtime), pre, -jnp.inf)
+                dense = _ring.step_dense(dense_ring, slot, masked, wg * bq, bq)
+                # The keys' ids ride the ring, as the dense mask.
+                where = dict(ids=keys.ids, slot=slot, own_ids=q_segment, dense=dense, lengths=lengths, step=j)
+                visible = _ring.step_visible(spec, masked, (row0, j * bk), pre.shape, 0, **where, same=same)
+                if masked:
+                    pre = jnp.where(visible, pre, -jnp.inf)
                 # Lines 9-10: online softmax in base 2 (a row that has seen nothing, masked
                 # or by a bias of -inf, keeps m_i = -inf; its base is 0 so that no -inf -
                 # -inf is formed).

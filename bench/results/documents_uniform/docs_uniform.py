@@ -1,10 +1,10 @@
-"""Packed documents on mosaic_v3's forward: the masked steps of a query tile whose key
-tile lies inside the segment ids' runtime interior (`MaskSpec.tile_bounds`: every id of
-the tile's queries and keys equal) skip the id test (``uniform``), against testing the
-ids on every masked step (``ids``), an upper bound that never tests them (``noids``,
-exact only on documents that sit on tile edges), persistent programs with the skip, and
-the documents as separate sequences. In one process, two passes, jax's caches cleared
-between variants (the flags are read at trace time)."""
+"""Packed documents on mosaic_v3: masked steps whose tiles lie inside the segment ids'
+runtime interior (`_ring.same_ids`: every id of the tile's queries and keys equal) skip
+the id test (``uniform``), against testing the ids on every masked step (``ids``), an
+upper bound that never tests them (``noids``, exact only on documents that sit on tile
+edges), persistent programs with the skip, and the documents as separate sequences. In
+one process, two passes, jax's caches cleared between variants (the patches apply at
+trace time)."""
 
 import dataclasses
 import json
@@ -18,7 +18,7 @@ import jaxtile
 from bench import check
 from jaxtile.mosaic import _ring, v3
 
-VISIBLE, PERSISTENT = _ring.visible, v3._persistent
+VISIBLE, PERSISTENT, SAME_IDS = _ring.visible, v3._persistent, _ring.same_ids
 
 
 def _without_ids(spec, *args, **kwargs):
@@ -28,13 +28,13 @@ def _without_ids(spec, *args, **kwargs):
 
 def variant(ids, *, uniform=True, noids=False, persistent=False):
     def attend(q, k, v, bias=None, mask=None):
-        v3.UNIFORM_IDS = uniform
+        _ring.same_ids = SAME_IDS if uniform else (lambda *args: None)
         _ring.visible = _without_ids if noids else VISIBLE
         v3._persistent = (lambda spec, rows: True) if persistent else PERSISTENT
         try:
             return jaxtile.flash_attention(q, k, v, causal=True, segment_ids=ids, implementation="mosaic_v3")
         finally:
-            v3.UNIFORM_IDS, _ring.visible, v3._persistent = True, VISIBLE, PERSISTENT
+            _ring.same_ids, _ring.visible, v3._persistent = SAME_IDS, VISIBLE, PERSISTENT
 
     return attend
 
