@@ -994,9 +994,8 @@ def test_persistent_programs_are_exact_on_the_gpu(case, programs, monkeypatch, r
     assert_exact(case, v3.Tuning(persistent=True))
 
 
-# Packed documents long enough that the forward's masked steps (the causal diagonal, a
-# window's edge) fall both inside one document, where the ids are not tested, and
-# across a document's edge, where they are.
+# Packed documents long enough that masked steps (the causal diagonal, a window's edge)
+# fall both inside one document and across a document's edge.
 DOCUMENT_CASES = [
     Case("documents_causal_d128", q_len=1100, num_heads=2, head_dim=128, dtype="bfloat16", causal=True, segments=3),
     Case(

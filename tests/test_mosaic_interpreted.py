@@ -64,7 +64,6 @@ CASES = [
         logits_soft_cap=5.0,
     ),
     _case("segments_d128", q_len=200, num_heads=2, head_dim=128, dtype="bfloat16", segments=3),
-    _case("documents_causal", q_len=600, num_heads=2, head_dim=64, dtype="bfloat16", causal=True, segments=2),
     _case(
         "ragged_lengths_causal", q_len=130, num_heads=2, head_dim=64, dtype="bfloat16", causal=True, lengths="ragged"
     ),

@@ -489,6 +489,12 @@ def step_tile(ring, slot, read=None):
     return value
 
 
+def step_ids(ring, slot, masked: bool):
+    """The segment ids ``[n]`` of this step's tile from their ``ring`` (`step_tile`), laid
+    along the columns of a ``wgmma`` tile when the step is ``masked``, else None."""
+    return step_tile(ring, slot, functools.partial(load_stat, axis=1) if masked else None)
+
+
 def dense_tiles(spec: MaskSpec, num_stages: int, rows: int, block_k: int):
     """A ring of int8 ``[num_stages, rows, block_k]`` tiles of the dense mask where the call
     has one: ``(tiles,)`` or ()."""
@@ -606,38 +612,6 @@ def visible(
     return spec.visible(q_idx, kv_idx, **runtime)
 
 
-def same_ids(spec: MaskSpec, bounds_ref, tile, b, h=0):
-    """The steps ``(lo, hi)`` of ``tile`` (in batch element ``b`` and head ``h``) whose
-    pairs all share a segment id: the interior of its runtime bounds (`bounds_at`), where
-    segment ids are the mask's only element-wise runtime part; None otherwise."""
-    if not spec.has_segments or spec.has_dense_mask or bounds_ref is None:
-        return None
-    return bounds_at(bounds_ref, tile, b, h)[1:3]
-
-
-def step_visible(
-    spec: MaskSpec, masked: bool, corner, shape, q_axis: int, *, ids, slot, own_ids, dense, lengths, step, same=None
-):
-    """This step's `visible`, or None where it is not ``masked``; its segment ids read
-    from their stream ``ids`` of the ring (`step_tile`, waited for and freed every step).
-    A masked ``step`` within ``same`` (`same_ids`) tests positions and lengths only: its
-    ids are neither loaded nor compared, where they take a register a column."""
-    test = functools.partial(visible, spec, corner, shape, q_axis, lengths=lengths, own_ids=own_ids, dense=dense)
-    if ids is None:
-        return test() if masked else None
-
-    def read(tile):
-        def compared():
-            return test(step_ids=load_stat(tile, axis=1))
-
-        if same is None:
-            return compared()
-        positional = functools.partial(visible, dataclasses.replace(spec, has_segments=False), corner, shape, q_axis)
-        return lax.cond((step >= same[0]) & (step < same[1]), functools.partial(positional, lengths=lengths), compared)
-
-    return step_tile(ids, slot, read if masked else None)
-
-
 def split_ring(ring_type, refs, tiles, ready, free, spec: MaskSpec):
     """A ``ring_type`` (`KeyRing`, `QueryRing`) of ``refs``' streams, the first of a ring's
     ``tiles`` and barriers, and the dense mask's stream after them (tiles, ready, free;
@@ -669,10 +643,9 @@ class KeyRing(NamedTuple):
         streams = [Stream(source(ref), *ring) for ref, *ring in zip(*self, strict=True)]
         produce(steps, num_stages, [*streams, *extra], done, each)
 
-    @property
-    def ids(self):
-        """The keys' ids' stream (tiles, ready, free), or None without segment ids."""
-        return _last_stream(self, 2)
+    def step_ids(self, slot, masked: bool):
+        """`step_ids` of the keys' stream (None without segment ids)."""
+        return _last_ids(self, 2, slot, masked)
 
 
 class QueryRing(NamedTuple):
@@ -702,10 +675,9 @@ class QueryRing(NamedTuple):
         streams = [Stream(source(ref), *ring) for ref, *ring in zip(*self, strict=True)]
         produce(steps, num_stages, [*streams, *extra])
 
-    @property
-    def ids(self):
-        """The queries' ids' stream (tiles, ready, free), or None without segment ids."""
-        return _last_stream(self, 4)
+    def step_ids(self, slot, masked: bool):
+        """`step_ids` of the queries' stream (None without segment ids)."""
+        return _last_ids(self, 4, slot, masked)
 
 
 def query_step(s, *, first, per_head, head0):
@@ -715,11 +687,12 @@ def query_step(s, *, first, per_head, head0):
     return head0 + g, first + s - g * per_head
 
 
-def _last_stream(ring, operands: int):
-    """The stream after a ring's ``operands`` (the segment ids), or None where it has none."""
+def _last_ids(ring, operands: int, slot, masked: bool):
+    """`step_ids` of a ring whose stream after its ``operands`` is the segment ids, laid
+    along the columns (None where the ring has no such stream)."""
     if len(ring.refs) == operands:
         return None
-    return ring.tiles[operands], ring.ready[operands], ring.free[operands]
+    return step_ids((ring.tiles[operands], ring.ready[operands], ring.free[operands]), slot, masked)
 
 
 def ring_barriers(tiles, consumers: int = CONSUMERS):

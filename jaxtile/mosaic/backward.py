@@ -246,7 +246,6 @@ def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning, roles: bool):
     h, b, wg = lax.axis_index("heads"), lax.axis_index("batch"), lax.axis_index("wg")
     t = _ring.query_tile(spec, q_tiles, lax.axis_index("q_tiles"))
     spans, first, steps = _ring.key_spans(spec, rows, bk, t, b, bounds_ref, h)
-    same = _ring.same_ids(spec, bounds_ref, t, b, h)
 
     @pl.when(wg < CONSUMERS)
     def _consumer():
@@ -290,12 +289,13 @@ def _dq_kernel(*refs, spec: MaskSpec, logits, dims, tuning, roles: bool):
             scores, dp = _products((None, q_i, k_j.transpose((1, 0))), (None, do_i, v_j.transpose((1, 0))))
             plgpu.barrier_arrive(v_free.at[slot])
             pre = logits.pre(scores, _ring.step_bias(bias_ring, slot, tile * bq, bq))  # the bias rides the ring
+            kv_segment = keys.step_ids(slot, masked)  # the keys' ids ride the ring, as the dense mask
             dense = _ring.step_dense(dense_ring, slot, masked, tile * bq, bq)
-            # The keys' ids ride the ring, as the dense mask.
-            where = dict(ids=keys.ids, slot=slot, own_ids=q_segment, dense=dense, lengths=lengths, step=j)
-            visible = _ring.step_visible(spec, masked, (row0, j * bk), pre.shape, 0, **where, same=same)
             p = jnp.exp2(pre * logits.factor - along(lse2, pre.shape, 0))
+            visible = None
             if masked:
+                runtime = dict(lengths=lengths, own_ids=q_segment, step_ids=kv_segment, dense=dense)
+                visible = _ring.visible(spec, (row0, j * bk), pre.shape, 0, **runtime)
                 p = jnp.where(visible, p, 0.0)
             ds = _scores_grad(p, dp, delta, pre, logits, visible, 0)
             # With a bias, dS is its gradient, written while the tensor cores take dQ's product.
@@ -395,7 +395,6 @@ def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int, roles
     h_kv = lax.div(share, jnp.int32(splits))
     j = lax.axis_index("kv_tiles")
     spans = spec.q_spans(j, bq, keys, bounds_at(bounds_ref, j, b, h_kv))
-    same = _ring.same_ids(spec, bounds_ref, j, b, h_kv)
     first, per_head = spans[0].start, jnp.int32(spans[-1].stop - spans[0].start)
     group = dims.group // splits
     query_step = functools.partial(_ring.query_step, first=first, per_head=per_head, head0=share * group)
@@ -433,11 +432,12 @@ def _dkdv_kernel(*refs, spec: MaskSpec, logits, dims, tuning, splits: int, roles
             lse2 = _ring.load_stat(lse_smem.at[slot], 1)
             plgpu.barrier_arrive(lse_free.at[slot])
             p_t = jnp.exp2(pre_t * logits.factor - along(lse2, pre_t.shape, 1))
+            visible = None
+            q_segment = queries.step_ids(slot, masked)  # the queries' ids ride the ring, as the dense mask
             dense = _ring.step_dense(dense_ring, slot, masked, tile * bk, bk)
-            # The queries' ids ride the ring, as the dense mask.
-            where = dict(ids=queries.ids, slot=slot, own_ids=kv_segment, dense=dense, lengths=lengths, step=i)
-            visible = _ring.step_visible(spec, masked, (key0, i * bq), pre_t.shape, 1, **where, same=same)
             if masked:
+                runtime = dict(lengths=lengths, own_ids=kv_segment, step_ids=q_segment, dense=dense)
+                visible = _ring.visible(spec, (key0, i * bq), pre_t.shape, 1, **runtime)
                 p_t = jnp.where(visible, p_t, 0.0)
             # The dV consumer waits for D_i too before freeing it: an arrival ahead of the
             # copy could complete the slot's phase for the dK consumer.

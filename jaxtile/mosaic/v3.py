@@ -338,7 +338,6 @@ def _kernel(
             q_tile = own[0].at[wg]
             q_segment = _ring.load_stat(own[1].at[wg], 0) if spec.has_segments else None
             lengths = _ring.read_lengths(lengths_ref, b)
-            same = _ring.same_ids(spec, bounds_ref, t, b, h)
             # Line 4: O_i = 0, l_i = 0, m_i = -inf; a sink is the rows' first logit, with
             # value 0 (m_i = sink, l_i = 1; l_i = 0 for a sink of -inf).
             m_0, l_0 = -jnp.inf, 0.0
@@ -377,12 +376,11 @@ def _kernel(
                     pl.when(s + 1 == steps)(load_next)
                 pre = logits.pre(scores, _ring.step_bias(bias_ring, slot, wg * bq, bq))  # the bias rides the ring
                 plgpu.barrier_arrive(k_free.at[slot])
+                kv_segment = keys.step_ids(slot, masked)  # the keys' ids ride the ring, as the dense mask
                 dense = _ring.step_dense(dense_ring, slot, masked, wg * bq, bq)
-                # The keys' ids ride the ring, as the dense mask.
-                where = dict(ids=keys.ids, slot=slot, own_ids=q_segment, dense=dense, lengths=lengths, step=j)
-                visible = _ring.step_visible(spec, masked, (row0, j * bk), pre.shape, 0, **where, same=same)
                 if masked:
-                    pre = jnp.where(visible, pre, -jnp.inf)
+                    runtime = dict(lengths=lengths, own_ids=q_segment, step_ids=kv_segment, dense=dense)
+                    pre = jnp.where(_ring.visible(spec, (row0, j * bk), pre.shape, 0, **runtime), pre, -jnp.inf)
                 # Lines 9-10: online softmax in base 2 (a row that has seen nothing, masked
                 # or by a bias of -inf, keeps m_i = -inf; its base is 0 so that no -inf -
                 # -inf is formed).
