@@ -994,6 +994,33 @@ def test_persistent_programs_are_exact_on_the_gpu(case, programs, monkeypatch, r
     assert_exact(case, v3.Tuning(persistent=True))
 
 
+# Packed documents long enough that masked steps (the causal diagonal, a window's edge)
+# fall both inside one document and across a document's edge.
+DOCUMENT_CASES = [
+    Case("documents_causal_d128", q_len=1100, num_heads=2, head_dim=128, dtype="bfloat16", causal=True, segments=3),
+    Case(
+        "documents_window_gqa_d64",
+        q_len=1300,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=64,
+        dtype="float16",
+        causal=True,
+        window=(300, 0),
+        segments=2,
+    ),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("case", DOCUMENT_CASES, ids=lambda case: case.name)
+def test_packed_documents_are_exact_on_the_gpu(case, persistent):
+    """Packed documents against the float64 reference, outputs and gradients, with one
+    program per query tile and with persistent programs."""
+    assert_exact(case, v3.Tuning(persistent=True) if persistent else None)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("persistent", [False, True])
 @pytest.mark.parametrize("case", DENSE_CASES, ids=lambda case: case.name)

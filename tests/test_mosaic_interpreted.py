@@ -20,7 +20,6 @@ from test_numerics import test_float16_gradients_do_not_overflow as float16_grad
 
 import jaxtile
 from jaxtile import registry
-from jaxtile.mask import MaskSpec
 from jaxtile.mosaic import _ring, v3
 from jaxtile.mosaic.backward import BackwardTuning
 from parity.case import Case
@@ -145,15 +144,17 @@ def test_persistent_programs_are_exact(case, programs, schedule, monkeypatch):
     monkeypatch.setattr(_ring, "multiprocessors", lambda: programs)
     monkeypatch.setattr(v3, "_PERSISTENT_KEYS", 256)
     monkeypatch.setattr(v3, "_DEALING", 0)
-    spec = MaskSpec.create(case.q_len, case.kv, causal=case.causal, window=case.window)
-    rows = _ring.CONSUMERS * v3.Tuning().block_q
-    q_tiles = -(-case.q_len // rows)
-    work = v3._key_tiles(spec, q_tiles, rows, v3.default_tuning(case.head_dim, case.head_dim, 2, spec).block_k)
-    tiles = (case.num_heads, q_tiles, 1)
-    taken = _ring.Schedule.balanced(tiles, work, programs, v3._queries_first(spec, rows), dealing=v3._DEALING)
-    assert (taken.queries_first, taken.plan is not None) == (schedule["queries_first"], schedule["dealt"])
+    taken, chosen = [], v3._schedule
+
+    def recorded(*args):  # the schedules the forward takes, as it is traced
+        schedule, operands = chosen(*args)
+        taken.append(schedule)
+        return schedule, operands
+
+    monkeypatch.setattr(v3, "_schedule", recorded)
     with interpreted(monkeypatch):
         assert_exact(case, v3.Tuning(persistent=True))
+    assert {(s.queries_first, s.plan is not None) for s in taken} == {(schedule["queries_first"], schedule["dealt"])}
 
 
 def test_a_swept_backward_tiling_is_exact(monkeypatch):
