@@ -52,7 +52,7 @@ ROWS = (
 _balanced = _ring.Schedule.balanced.__func__
 
 
-def _rounds_only(cls, tiles, work, most, queries_first=False):
+def _rounds_only(cls, tiles, work, most, queries_first=False, dealing=0.0):
     dealt = cls.dealt
     cls.dealt = classmethod(lambda cls, tiles, work, programs, queries_first=False: cls(tiles, programs))
     try:
@@ -61,7 +61,7 @@ def _rounds_only(cls, tiles, work, most, queries_first=False):
         cls.dealt = dealt
 
 
-def _always_dealt(cls, tiles, work, most, queries_first=False):
+def _always_dealt(cls, tiles, work, most, queries_first=False, dealing=0.0):
     return cls.dealt(tiles, work, min(most, math.prod(tiles)), queries_first)
 
 
@@ -69,7 +69,7 @@ def _dealt_in(order):
     """A `Schedule.balanced` that deals every persistent schedule to as many programs as
     multiprocessors, the places taken in ``order(work at each place)``."""
 
-    def balanced(cls, tiles, work, most, queries_first=False):
+    def balanced(cls, tiles, work, most, queries_first=False, dealing=0.0):
         programs = min(most, math.prod(tiles))
         at_place = cls(tiles, programs, queries_first=queries_first)._work(work)
         load = [(0.0, p) for p in range(programs)]
