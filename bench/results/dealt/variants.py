@@ -87,7 +87,7 @@ def _dealt_in(order):
 VARIANTS = {
     "rounds": _rounds_only,
     "dealt": _always_dealt,
-    "place": _dealt_in(np.arange),
+    "place": _dealt_in(lambda at_place: np.arange(at_place.size)),
     "heaviest": _dealt_in(lambda at_place: np.argsort(-at_place, kind="stable")),
 }
 
