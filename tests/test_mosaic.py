@@ -524,16 +524,19 @@ def test_persistent_programs_run_every_tile_once_in_rounds(tiles, programs, snak
 @pytest.mark.parametrize("queries_first", [False, True])
 @pytest.mark.parametrize("tiles, programs", [((4, 3, 2), 5), ((2, 7, 1), 3), ((3, 2, 1), 6)])
 def test_dealt_programs_run_every_tile_once_each_taking_the_next_when_free(tiles, programs, queries_first):
-    """`Schedule.dealt`: each tile, in place order, goes to the program the work dealt so
-    far frees first (the lowest-numbered among equals); the programs (a vmap's
-    ``"programs"`` axis) read their tiles from the plan, their own counts of them."""
+    """`Schedule.dealt`: each tile goes to the program the work dealt so far frees first
+    (the lowest-numbered among equals), in place order cut into stretches of as many
+    heads' query tiles as a round holds, the heaviest first within each; the programs (a
+    vmap's ``"programs"`` axis) read their tiles from the plan, their own counts of them."""
     work = [5.0, 1.0, 3.0, 2.0, 4.0, 1.0, 2.0][: tiles[1]]
     schedule = _ring.Schedule.dealt(tiles, work, programs, queries_first)
     heads, q_tiles, _ = tiles
     places = range(math.prod(tiles))
     work_at = [work[place % q_tiles if queries_first else place // heads % q_tiles] for place in places]
+    stretch = q_tiles * max(1, programs // q_tiles)  # (4, 3, 2) on 5: 3 places; (2, 7, 1) on 3: 7; (3, 2, 1) on 6: 6
     expected, load = [[] for _ in range(programs)], [0.0] * programs
-    for place in places:  # by hand: the least loaded program, the first of equals
+    for place in sorted(places, key=lambda place: (place // stretch, -work_at[place])):  # by hand: the least
+        # loaded program, the first of equals
         p = load.index(min(load))
         expected[p].append(place)
         load[p] += work_at[place]
@@ -731,6 +734,18 @@ def test_persistent_programs_even_out_their_shares_of_uneven_tiles():
     dealt = _ring.Schedule.balanced((16, 128, 1), causal_16k, 132, queries_first=True, dealing=v3._DEALING)
     assert dealt == _ring.Schedule.dealt((16, 128, 1), causal_16k, 132, queries_first=True)
     assert dealt.busiest(causal_16k) == 1021
+    # GQA 32:8, causal 8K (64 query tiles in 32 heads and 2 batch elements): rounds take
+    # 1072, the tiles dealt in place order 1069; dealt heaviest first within stretches of
+    # two heads' tiles (one round's), 1040, the even share.
+    causal_8k = [64 - t + 1 for t in range(64)]
+    rounds = _ring.Schedule.balanced((32, 64, 2), causal_8k, 132, queries_first=True, dealing=float("inf"))
+    assert rounds.plan is None and rounds.busiest(causal_8k) == 1072
+    dealt = _ring.Schedule.balanced((32, 64, 2), causal_8k, 132, queries_first=True, dealing=v3._DEALING)
+    assert dealt.plan is not None and dealt.busiest(causal_8k) == 1040 == math.ceil(sum(causal_8k) * 64 / 132)
+    # The programs' first tiles are of heads 0 to 3 alone, as a round's are (heaviest first
+    # over the whole grid, they would be of every head and batch element).
+    firsts = [dealt.plan[133 + start] for start in dealt.plan[:132]]
+    assert {place // 64 for place in firsts} == {0, 1, 2, 3}
 
 
 def test_persistent_programs_by_default_where_query_tiles_visit_few_keys_or_have_no_left_bound():
@@ -978,14 +993,16 @@ PERSISTENT_CASES = [
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("programs", [3, None])
+@pytest.mark.parametrize("programs", [3, 20, None])
 @pytest.mark.parametrize("case", PERSISTENT_CASES, ids=lambda case: case.name)
 def test_persistent_programs_are_exact_on_the_gpu(case, programs, monkeypatch, request):
     """Persistent programs (`Tuning.persistent`) against the float64 reference, outputs
     and gradients: as many programs as multiprocessors, and 3 so that each runs many
     tiles of uneven lengths and the ring's slots carry over from tile to tile (the count
     is read when the kernel is traced: jax's caches are cleared around the test); the 3
-    programs are dealt causal_256_tiles' tiles (dealing costs nothing here: `v3._DEALING`)."""
+    programs are dealt causal_256_tiles' tiles (dealing costs nothing here: `v3._DEALING`),
+    and 20 causal_queries_first's, heaviest first within stretches of two heads' tiles
+    (`_ring.Schedule.dealt`), which is not place order."""
     if programs is not None:
         monkeypatch.setattr(_ring, "multiprocessors", lambda: programs)
         monkeypatch.setattr(v3, "_DEALING", 0)

@@ -295,16 +295,23 @@ class Schedule:
 
     @classmethod
     def dealt(cls, tiles: tuple[int, int, int], work: Sequence[float], programs: int, queries_first: bool = False):
-        """The tiles in place order (``queries_first`` or heads fastest) each dealt to the
-        program that the ``work`` dealt so far frees first (the lowest-numbered among
-        equals), as the hardware starts a launch's blocks: list scheduling, which a
-        program's tiles of uneven work need not follow round by round."""
+        """The tiles each dealt to the program that the ``work`` dealt so far frees first
+        (the lowest-numbered among equals), as the hardware starts a launch's blocks: list
+        scheduling, which a program's tiles of uneven work need not follow round by round.
+        They are dealt in place order (``queries_first`` or heads fastest) cut into
+        stretches of as many heads' query tiles as one round holds, the heaviest first
+        within each stretch (stably): near the even share, as heaviest first over the
+        whole grid would be, while a round still reads the K and V of the few heads whose
+        tiles place order puts in it."""
+        at_place = cls(tiles, programs, queries_first=queries_first)._work(work)
+        stretch = max(1, programs // tiles[1]) * tiles[1]
+        order = np.lexsort((-at_place, np.arange(at_place.size) // stretch))
         load = [(0.0, p) for p in range(programs)]
         places: list[list[int]] = [[] for _ in range(programs)]
-        for place, tile_work in enumerate(cls(tiles, programs, queries_first=queries_first)._work(work)):
+        for place in order.tolist():
             done, p = heapq.heappop(load)
             places[p].append(place)
-            heapq.heappush(load, (done + tile_work, p))
+            heapq.heappush(load, (done + at_place[place], p))
         starts = np.cumsum([0] + [len(p) for p in places]).tolist()
         return cls(tiles, programs, queries_first=queries_first, plan=(*starts, *itertools.chain(*places)))
 

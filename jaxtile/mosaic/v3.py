@@ -169,12 +169,13 @@ _PERSISTENT_KEYS = 2048
 
 
 # Persistent programs are dealt their tiles on the host (`_ring.Schedule.dealt`) only
-# where that leaves the busiest program at least this many key tiles (`_key_tiles`) fewer
+# where that leaves the busiest program more than this many key tiles (`_key_tiles`) fewer
 # than rounds would: dealing costs about that much that the count misses (H100, forward,
 # dealt against rounds in one process, `bench/results/dealt/`: causal 16K, head dim 64
 # and 128, 32 and 27 key tiles fewer, 1.07x and 1.01x; sinks, GQA 64:8, causal 8K, 17
-# fewer, 1.05x; causal 1K, 4 and 1 fewer, 0.98-0.99x; GQA 32:8, causal 8K, 3 fewer, 1.00x).
-_DEALING = 8
+# fewer, 1.05x; causal 1K, 4 and 1 fewer, 0.98-0.99x; dealt heaviest first within
+# stretches, 821fbf3: head dim 128 causal 4K, 8 fewer, 1.03x).
+_DEALING = 6
 
 
 def _persistent(spec: MaskSpec | None, rows: int) -> bool:

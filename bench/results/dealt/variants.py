@@ -1,6 +1,6 @@
 """Persistent programs dealt their tiles on the host as they free (`_ring.Schedule.dealt`)
 against the rounds `Schedule.balanced` took before dealing existed, on the perf check's
-causal rows, beside cuDNN and tokamax: the four calls of a row timed together in
+causal rows, beside cuDNN and tokamax: the calls of a row timed together in
 interleaved rounds (`bench.timing.time_together`), two passes. Each jaxtile variant
 patches `_ring.Schedule` while its call is traced and compiled, jax's caches cleared
 first; the line names the schedule each took (programs, dealt or not, and the busiest
@@ -12,7 +12,14 @@ program's key tiles as `Schedule.busiest` counts them)::
 * ``dealt``: every persistent schedule dealt to as many programs as multiprocessors;
 * ``heaviest``: dealt likewise, the tiles taken heaviest first over the whole grid
   (longest processing time first: the most even shares, but a round's programs read the
-  K and V of more heads than in place order).
+  K and V of more heads than in place order);
+* ``place``: dealt likewise in place order, as `Schedule.dealt` did up to d978c17 (since
+  then it deals them heaviest first within stretches of one round's heads, which
+  ``dealt`` times).
+
+Rows other than `ROWS` may be named on the command line::
+
+    PYTHONPATH=. python bench/results/dealt/variants.py d64_4k_causal gqa_32_8_causal_8k
 """
 
 import contextlib
@@ -20,6 +27,7 @@ import heapq
 import itertools
 import json
 import math
+import sys
 
 import jax
 import numpy as np
@@ -44,7 +52,7 @@ ROWS = (
 _balanced = _ring.Schedule.balanced.__func__
 
 
-def _rounds_only(cls, tiles, work, most, queries_first=False):
+def _rounds_only(cls, tiles, work, most, queries_first=False, dealing=0.0):
     dealt = cls.dealt
     cls.dealt = classmethod(lambda cls, tiles, work, programs, queries_first=False: cls(tiles, programs))
     try:
@@ -53,24 +61,35 @@ def _rounds_only(cls, tiles, work, most, queries_first=False):
         cls.dealt = dealt
 
 
-def _always_dealt(cls, tiles, work, most, queries_first=False):
+def _always_dealt(cls, tiles, work, most, queries_first=False, dealing=0.0):
     return cls.dealt(tiles, work, min(most, math.prod(tiles)), queries_first)
 
 
-def _heaviest_dealt(cls, tiles, work, most, queries_first=False):
-    programs = min(most, math.prod(tiles))
-    at_place = cls(tiles, programs, queries_first=queries_first)._work(work)
-    load = [(0.0, p) for p in range(programs)]
-    places = [[] for _ in range(programs)]
-    for place in np.argsort(-at_place, kind="stable").tolist():
-        done, p = heapq.heappop(load)
-        places[p].append(place)
-        heapq.heappush(load, (done + at_place[place], p))
-    starts = np.cumsum([0] + [len(p) for p in places]).tolist()
-    return cls(tiles, programs, queries_first=queries_first, plan=(*starts, *itertools.chain(*places)))
+def _dealt_in(order):
+    """A `Schedule.balanced` that deals every persistent schedule to as many programs as
+    multiprocessors, the places taken in ``order(work at each place)``."""
+
+    def balanced(cls, tiles, work, most, queries_first=False, dealing=0.0):
+        programs = min(most, math.prod(tiles))
+        at_place = cls(tiles, programs, queries_first=queries_first)._work(work)
+        load = [(0.0, p) for p in range(programs)]
+        places = [[] for _ in range(programs)]
+        for place in order(at_place).tolist():
+            done, p = heapq.heappop(load)
+            places[p].append(place)
+            heapq.heappush(load, (done + at_place[place], p))
+        starts = np.cumsum([0] + [len(p) for p in places]).tolist()
+        return cls(tiles, programs, queries_first=queries_first, plan=(*starts, *itertools.chain(*places)))
+
+    return balanced
 
 
-VARIANTS = {"rounds": _rounds_only, "dealt": _always_dealt, "heaviest": _heaviest_dealt}
+VARIANTS = {
+    "rounds": _rounds_only,
+    "dealt": _always_dealt,
+    "place": _dealt_in(lambda at_place: np.arange(at_place.size)),
+    "heaviest": _dealt_in(lambda at_place: np.argsort(-at_place, kind="stable")),
+}
 
 
 @contextlib.contextmanager
@@ -105,7 +124,7 @@ def main():
     print(json.dumps(git_state()), jax.__version__, jax.devices()[0].device_kind, flush=True)
     shapes = {shape.name: shape for shape in check.SHAPES}
     results = {}
-    for name in ROWS:
+    for name in sys.argv[1:] or ROWS:
         shape = shapes[name]
         inputs = check._inputs(shape, "fwd")
         taken = {label: [] for label in VARIANTS}
