@@ -535,8 +535,9 @@ def test_dealt_programs_run_every_tile_once_each_taking_the_next_when_free(tiles
     work_at = [work[place % q_tiles if queries_first else place // heads % q_tiles] for place in places]
     stretch = q_tiles * max(1, programs // q_tiles)  # (4, 3, 2) on 5: 3 places; (2, 7, 1) on 3: 7; (3, 2, 1) on 6: 6
     expected, load = [[] for _ in range(programs)], [0.0] * programs
-    for place in sorted(places, key=lambda place: (place // stretch, -work_at[place])):  # by hand: the least
-        # loaded program, the first of equals
+    # By hand: the stretches in turn, each heaviest first, to the least loaded program
+    # (the first of equals).
+    for place in sorted(places, key=lambda place: (place // stretch, -work_at[place])):
         p = load.index(min(load))
         expected[p].append(place)
         load[p] += work_at[place]
