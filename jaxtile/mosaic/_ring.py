@@ -306,6 +306,14 @@ class Schedule:
         at_place = cls(tiles, programs, queries_first=queries_first)._work(work)
         stretch = max(1, programs // tiles[1]) * tiles[1]
         order = np.lexsort((-at_place, np.arange(at_place.size) // stretch))
+        return cls._deal(tiles, at_place, programs, queries_first, order)
+
+    @classmethod
+    def _deal(
+        cls, tiles: tuple[int, int, int], at_place: np.ndarray, programs: int, queries_first: bool, order: np.ndarray
+    ) -> Schedule:
+        """The places in ``order`` each dealt to the program that their work
+        ``at_place`` dealt so far frees first (the lowest-numbered among equals)."""
         load = [(0.0, p) for p in range(programs)]
         places: list[list[int]] = [[] for _ in range(programs)]
         for place in order.tolist():

@@ -23,8 +23,6 @@ Rows other than `ROWS` may be named on the command line::
 """
 
 import contextlib
-import heapq
-import itertools
 import json
 import math
 import sys
@@ -72,14 +70,7 @@ def _dealt_in(order):
     def balanced(cls, tiles, work, most, queries_first=False, dealing=0.0):
         programs = min(most, math.prod(tiles))
         at_place = cls(tiles, programs, queries_first=queries_first)._work(work)
-        load = [(0.0, p) for p in range(programs)]
-        places = [[] for _ in range(programs)]
-        for place in order(at_place).tolist():
-            done, p = heapq.heappop(load)
-            places[p].append(place)
-            heapq.heappush(load, (done + at_place[place], p))
-        starts = np.cumsum([0] + [len(p) for p in places]).tolist()
-        return cls(tiles, programs, queries_first=queries_first, plan=(*starts, *itertools.chain(*places)))
+        return cls._deal(tiles, at_place, programs, queries_first, order(at_place))
 
     return balanced
 
