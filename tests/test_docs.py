@@ -23,7 +23,7 @@ def test_readme_performance_tables_are_generated_from_the_results():
 def test_readme_check_table_is_generated_from_the_results():
     from bench import check
 
-    parts = [f"bench/results/h100/check_56105fd_part{k}.json" for k in (1, 2)]
+    parts = [f"bench/results/h100/check_78df639/check_part{k}.json" for k in (1, 2)]
     results = check.merge([json.loads((ROOT / part).read_text()) for part in parts])
     readme = (ROOT / "README.md").read_text()
     section = readme.split("<!-- check:begin -->\n")[1].split("<!-- check:end -->")[0]
