@@ -57,13 +57,13 @@ check_api)
 perf)
     peers
     python -m bench.check --out "$out/check.json" "$@" 2>&1 |
-        grep -v "^WARNING:absl:Autotuning cache miss" | # tokamax's, three per row
-        tee "$out/check.log" | grep -v "^\[bench\]"
+        grep --line-buffered -v "^WARNING:absl:Autotuning cache miss" | # tokamax's, three per row
+        tee "$out/check.log" | grep --line-buffered -v "^\[bench\]"
     ;;
 decode)
     peers
     python -m bench.decode --out "$out/decode.json" "$@" 2>&1 | tee "$out/decode.log" |
-        grep -v "^WARNING:absl:Autotuning cache miss" # tokamax's, one per shape
+        grep --line-buffered -v "^WARNING:absl:Autotuning cache miss" # tokamax's, one per shape
     ;;
 ab)
     peers
@@ -74,7 +74,7 @@ ab)
     ;;
 script)
     peers
-    python "$@" 2>&1 | grep -v "^WARNING:absl:Autotuning cache miss\|^\[bench\]" | tee "$out/$(basename "$1" .py).log"
+    python "$@" 2>&1 | grep --line-buffered -v "^WARNING:absl:Autotuning cache miss\|^\[bench\]" | tee "$out/$(basename "$1" .py).log"
     ;;
 tune)
     python -m bench.tune --out "$out/tune.json" "$@" 2>&1 | tee "$out/tune.log"
