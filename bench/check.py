@@ -20,7 +20,9 @@ The results file records the jaxtile commit, whether the tree was dirty, and the
     python -m bench.check --out check.json          # on a GPU
     python -m bench.check --only gqa mqa --modes fwd
     python -m bench.check --part 1/2 --out a.json   # half the cases, for a shorter time box
-    python -m bench.check --report a.json b.json    # the README's table of both halves
+    python -m bench.check --part 2/2 --out b.json
+    python -m bench.check --part 2/2 --after b.json --out c.json  # the rows b.json lacks, if cut short
+    python -m bench.check --report a.json b.json c.json  # the README's table of the whole run
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import json
 import math
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 import jax
@@ -306,14 +308,15 @@ def _jaxtile_peers(shape: Shape) -> dict:
     return peers
 
 
-def run(shapes, modes, budget_s: float, floors: dict, on_row=None) -> list[dict]:
-    """The rows of ``shapes`` × ``modes``; ``on_row(rows)`` after each, so that a run cut
-    short by a time box keeps what it measured."""
+def run(shapes, modes, budget_s: float, floors: dict, on_row=None, skip=frozenset()) -> list[dict]:
+    """The rows of ``shapes`` × ``modes`` but those ``(case, mode)`` in ``skip``;
+    ``on_row(rows)`` after each, so that a run cut short by a time box keeps what it
+    measured."""
     rows = []
     for shape in shapes:
         peers = {"cudnn": _cudnn(shape), "tokamax": _tokamax(shape), **_jaxtile_peers(shape)}
         peers = {name: attend for name, attend in peers.items() if attend is not None}
-        for mode in modes:
+        for mode in (m for m in modes if (shape.name, m) not in skip):
             row = dict(case=shape.name, mode=mode, shape=dataclasses.asdict(shape), flops=shape.flops(mode))
             row.update(_timed_together({"jaxtile": _jaxtile(shape), **peers}, shape, mode, budget_s))
             row["peer"] = shape.peer
@@ -428,18 +431,20 @@ def select(only: list[str] | None = None, part: tuple[int, int] = (1, 1)) -> lis
     return [s for s in SHAPES if not only or any(word in s.name for word in only)][k - 1 :: n]
 
 
+def _source(environment: dict) -> tuple:
+    """What parts of one check share: the commit, whether the tree was dirty, the GPU."""
+    return environment["git"].get("commit"), environment["git"].get("dirty"), environment["device"]
+
+
 def merge(parts: list[dict]) -> dict:
-    """The results of one check run in disjoint ``parts`` (``--part``), each of the same
-    commit, tree and GPU: their rows in `SHAPES`' order, the environment of the first."""
-
-    def source(part):
-        env = part["environment"]
-        return env["git"].get("commit"), env["git"].get("dirty"), env["device"]
-
+    """The results of one check run in disjoint ``parts`` (``--part``, ``--after``), each
+    of the same commit, tree and GPU: their rows in `SHAPES`' order, the environment of
+    the first; the rows planned, those any part planned."""
     for part in parts[1:]:
-        if source(part) != source(parts[0]):
+        if _source(part["environment"]) != _source(parts[0]["environment"]):
             raise ValueError(
-                f"parts of one check share a commit, tree and GPU; got {source(parts[0])} and {source(part)}"
+                "parts of one check share a commit, tree and GPU; got "
+                f"{_source(parts[0]['environment'])} and {_source(part['environment'])}"
             )
     rows = [r for part in parts for r in part["rows"]]
     seen = [(r["case"], r["mode"]) for r in rows]
@@ -449,8 +454,21 @@ def merge(parts: list[dict]) -> dict:
         )
     order = {shape.name: i for i, shape in enumerate(SHAPES)}
     rows.sort(key=lambda r: (order.get(r["case"], len(order)), MODES.index(r["mode"])))
-    planned = sum(part["summary"].get("planned", part["summary"]["rows"]) for part in parts)
+    if all("planned_rows" in part["summary"] for part in parts):
+        planned = {tuple(key) for part in parts for key in part["summary"]["planned_rows"]}
+    else:  # results written before the rows were listed: counts only
+        planned = sum(part["summary"].get("planned", part["summary"]["rows"]) for part in parts)
     return dict(environment=parts[0]["environment"], summary=_summary(rows, planned), rows=rows)
+
+
+def _rest(shapes, modes, before: list[dict], environment: dict) -> list[tuple[str, str]]:
+    """The ``(case, mode)`` rows of ``shapes`` × ``modes`` that the results ``before`` (of
+    this commit, tree and GPU, ``environment``'s) do not hold."""
+    for results in before:
+        if _source(results["environment"]) != _source(environment):
+            raise ValueError(f"results of {_source(results['environment'])}, not {_source(environment)}")
+    done = {(r["case"], r["mode"]) for results in before for r in results["rows"]}
+    return [(s.name, m) for s in shapes for m in modes if (s.name, m) not in done]
 
 
 def _part(text: str) -> tuple[int, int]:
@@ -464,15 +482,17 @@ def _part(text: str) -> tuple[int, int]:
     return k, n
 
 
-def _summary(rows: list[dict], planned: int) -> dict:
-    """How many rows ran (of how many ``planned``), how many failed, and the geometric mean
-    of cuDNN's time over jaxtile's."""
+def _summary(rows: list[dict], planned: int | Collection[tuple[str, str]]) -> dict:
+    """How many rows ran of those ``planned`` (``(case, mode)`` pairs, listed, or a count),
+    how many failed, and the geometric mean of cuDNN's time over jaxtile's."""
     vs_cudnn = [
         r["cudnn"]["ms"] / r["jaxtile"]["ms"] for r in rows if "ms" in r.get("cudnn", {}) and "ms" in r["jaxtile"]
     ]
+    listed = {} if isinstance(planned, int) else dict(planned_rows=sorted(planned))
     return dict(
         rows=len(rows),
-        planned=planned,
+        planned=planned if isinstance(planned, int) else len(planned),
+        **listed,
         failed=sum(r["status"].startswith("FAIL") for r in rows),
         geomean_vs_cudnn=_geomean(vs_cudnn) if vs_cudnn else None,
     )
@@ -488,6 +508,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--budget", type=float, default=0.5, metavar="S", help="seconds of timed calls per number")
     parser.add_argument("--floors", type=Path, default=FLOORS)
+    parser.add_argument(
+        "--after",
+        type=Path,
+        nargs="+",
+        metavar="JSON",
+        help="measure only the rows these results files (of a run cut short) lack, for --report with them",
+    )
     parser.add_argument(
         "--report",
         type=Path,
@@ -508,14 +535,18 @@ def main(argv: list[str] | None = None) -> int:
         env["versions"]["tokamax"] = importlib.metadata.version("tokamax")
     print(f"jaxtile {env['git']['commit']} (dirty: {env['git']['dirty']}) from {env['git']['jaxtile_file']}")
     print(f"on {env['device']}, jax {jax.__version__}")
-    planned = len(shapes) * len(args.modes)
+    try:
+        planned = _rest(shapes, args.modes, [json.loads(path.read_text()) for path in args.after or ()], env)
+    except ValueError as exc:
+        parser.error(f"--after: {exc}")
+    done = {(s.name, m) for s in shapes for m in args.modes} - set(planned)
 
     def write(rows):
         if args.out:
             results = dict(environment=env, summary=_summary(rows, planned), rows=rows)
             args.out.write_text(json.dumps(results, indent=1) + "\n")
 
-    rows = run(shapes, args.modes, args.budget, floors, on_row=write)
+    rows = run(shapes, args.modes, args.budget, floors, on_row=write, skip=done)
     summary = _summary(rows, planned)
     failed = summary["failed"]
     geomean = summary["geomean_vs_cudnn"]

@@ -612,6 +612,36 @@ def test_check_runs_in_parts_merged_into_one_table():
         check.merge([part(halves[0]), part(halves[0][:1])])
 
 
+def test_check_completes_a_run_cut_short_after_its_results(monkeypatch):
+    """``--after`` plans only the rows that earlier results of the same commit, tree and GPU
+    lack, `run` skips the others, and `merge` counts a row as planned once, however many
+    parts planned it: a run cut short and its completion report as one whole run."""
+    from bench import check
+
+    shapes = [check.Shape("a", 1, 64, 2, 16, causal=True), check.Shape("b", 1, 64, 2, 16)]
+    monkeypatch.setattr(check, "_jaxtile", lambda shape: "jaxtile")
+    monkeypatch.setattr(check, "_cudnn", lambda shape: "cudnn")
+    monkeypatch.setattr(check, "_tokamax", lambda shape: None)
+    monkeypatch.setattr(
+        check, "_timed_together", lambda attends, shape, mode, budget: {name: {"ms": 1.0} for name in attends}
+    )
+    env = dict(device="GPU", date="2026-12-07", git={"commit": "abc", "dirty": False}, versions={"jax": "0.11.2"})
+    everything = [(s.name, m) for s in shapes for m in check.MODES]
+    first = check.run(shapes[:1], check.MODES, 0.1, {})  # cut short after case "a"
+    cut = dict(environment=env, summary=check._summary(first, everything), rows=first)
+    rest = check._rest(shapes, check.MODES, [cut], env)
+    assert rest == [("b", "fwd"), ("b", "fwdbwd")]
+    with pytest.raises(ValueError, match="not"):
+        check._rest(shapes, check.MODES, [cut], dict(env, git={"commit": "def", "dirty": False}))
+    second = check.run(shapes, check.MODES, 0.1, {}, skip=set(everything) - set(rest))
+    assert [(r["case"], r["mode"]) for r in second] == rest
+    completion = dict(environment=env, summary=check._summary(second, rest), rows=second)
+    merged = check.merge([cut, completion])
+    assert merged["summary"]["rows"] == merged["summary"]["planned"] == 4
+    assert "cut short" not in check.render(merged)
+    assert "cut short: 2 of its 4 rows" in check.render(check.merge([cut]))
+
+
 def test_check_times_every_kind_of_case_and_its_jaxtile_peers():
     """Each kind of case of ``python -m bench.check`` (packed documents, sinks, a bias, a
     dense mask recognised or not) runs forward and forward+backward, and so do the peers
