@@ -312,8 +312,8 @@ class Schedule:
     def _deal(
         cls, tiles: tuple[int, int, int], at_place: np.ndarray, programs: int, queries_first: bool, order: np.ndarray
     ) -> Schedule:
-        """The places in ``order`` each dealt to the program that their work
-        ``at_place`` dealt so far frees first (the lowest-numbered among equals)."""
+        """Each place of ``order`` in turn dealt to the program that the work dealt so far
+        (``at_place``, by place) frees first, the lowest-numbered among equals."""
         load = [(0.0, p) for p in range(programs)]
         places: list[list[int]] = [[] for _ in range(programs)]
         for place in order.tolist():
