@@ -13,6 +13,8 @@ with lengths. A model on the CPU, no GPU::
 """
 
 import json
+import sys
+from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
@@ -23,17 +25,11 @@ from jaxtile.mosaic import _ring, v3
 
 PROGRAMS = 132  # an H100's multiprocessors
 
-# (name, batch, seq, heads, head_dim, causal, ragged lengths or whole sequences), as
-# bench/results/h200/lengths/persistent_lengths.py draws them.
-CASES = (
-    ("ragged_8x2k_d128", 8, 2048, 16, 128, True, True),
-    ("ragged_16x1k_d64", 16, 1024, 32, 64, True, True),
-    ("ragged_4x4k_d128", 4, 4096, 16, 128, True, True),
-    ("full_8x2k_d128", 8, 2048, 16, 128, True, False),
-    ("ragged_8x2k_d128_noncausal", 8, 2048, 16, 128, False, True),
-    ("full_16x1k_d64", 16, 1024, 32, 64, True, False),
-    ("full_4x4k_d128", 4, 4096, 16, 128, True, False),
-)
+# persistent_lengths.py's cases and lengths, and two more of whole sequences.
+sys.path.insert(0, str(Path(__file__).parents[1] / "h200" / "lengths"))
+from persistent_lengths import CASES, lengths_cases  # noqa: E402
+
+CASES = (*CASES, ("full_16x1k_d64", 16, 1024, 32, 64, True, False), ("full_4x4k_d128", 4, 4096, 16, 128, True, False))
 
 
 def _busiest(order: np.ndarray, steps: np.ndarray, repeat: int) -> float:
@@ -48,18 +44,15 @@ def _busiest(order: np.ndarray, steps: np.ndarray, repeat: int) -> float:
 
 def main():
     print(json.dumps(git_state()), flush=True)
-    rng = np.random.default_rng(3)
-    for name, batch, seq, heads, head_dim, causal, ragged in CASES:
-        lengths = rng.integers(1, seq + 1, (batch,)) if ragged else np.full((batch,), seq)
-        spec = MaskSpec.create(seq, seq, causal=causal, has_lengths=True)
-        tuning = v3.default_tuning(head_dim, head_dim, 2, spec)
+    for shape, lengths in lengths_cases(CASES):
+        spec = MaskSpec.create(shape.seq, shape.seq, causal=shape.causal, has_lengths=True)
+        tuning = v3.default_tuning(shape.head_dim, shape.head_dim, 2, spec)
         rows = 2 * tuning.block_q
-        pairs = jnp.asarray(np.stack([lengths, lengths], -1), jnp.int32)
-        bounds = spec.tile_bounds(rows, tuning.block_k, lengths=pairs)
-        q_tiles, repeat = bounds.shape[-2], heads // bounds.shape[1]
-        order = np.asarray(_ring.tile_order(spec, bounds, batch, rows, tuning.block_k))
+        bounds = spec.tile_bounds(rows, tuning.block_k, lengths=jnp.stack([lengths, lengths], -1))
+        q_tiles, repeat = bounds.shape[-2], shape.heads // bounds.shape[1]
+        order = np.asarray(_ring.tile_order(spec, bounds, shape.batch, rows, tuning.block_k))
         spans = spec.kv_spans(jnp.arange(q_tiles), rows, tuning.block_k, tuple(bounds[..., i] for i in range(4)))
-        steps = np.broadcast_to(np.asarray(spans[-1].stop - spans[0].start), (batch, bounds.shape[1], q_tiles)).ravel()
+        steps = np.broadcast_to(np.asarray(spans[-1].stop - spans[0].start), bounds.shape[:-1]).ravel()
         even = (np.repeat(steps, repeat) + 1).sum() / min(PROGRAMS, steps.size * repeat)
         stretches = {
             "global": order,
@@ -69,7 +62,7 @@ def main():
             ),
         }
         cells = " ".join(f"{label}={_busiest(o, steps, repeat):.0f}" for label, o in stretches.items())
-        print(f"{name:28s} lengths {lengths.tolist()}\n{'':28s} even={even:.0f} {cells}", flush=True)
+        print(f"{shape.name:28s} lengths {np.asarray(lengths).tolist()}\n{'':28s} even={even:.0f} {cells}", flush=True)
 
 
 if __name__ == "__main__":
