@@ -969,13 +969,46 @@ def test_192_key_tiles_are_exact_on_the_gpu(case):
     assert_exact(case)
 
 
-# Forward calls for persistent programs: BACKWARD_CASES' awkward masks, enough tiles that
-# each of an H100's programs runs two (2 x 8 heads x 16 query tiles), ragged lengths
-# alone (whose programs take the tiles heaviest first, `_ring.tile_order`), and more than
-# 2048 keys with no left bound, causal (bottom-right) or not (whose programs take the
-# query tiles fastest, `v3._queries_first`).
+def _forward_tuning(case: Case, tuning: v3.Tuning | None = None) -> v3.Tuning:
+    """The tuning mosaic_v3's forward runs ``case`` with: ``tuning`` fitted to its padded
+    head dims and mask (`v3._tuning`), or the default."""
+    spec = MaskSpec.create(
+        case.q_len,
+        case.kv,
+        causal=case.causal,
+        window=case.window,
+        has_segments=bool(case.segments),
+        has_lengths=bool(case.lengths),
+        has_dense_mask=bool(case.mask),
+    )
+    itemsize = jnp.dtype(case.dtype).itemsize
+    bias_itemsize = 0 if case.bias is None else 4 if case.bias == "full32" else itemsize
+    beside = v3.Beside.of(spec, bias_itemsize)
+    head_dim, head_dim_v = v3._head_dims(case.head_dim, case.dim_v, itemsize, beside)
+    return v3._tuning(tuning, None, None, head_dim, head_dim_v, itemsize, spec, bias_itemsize)
+
+
+def _persistence(params):
+    """``params`` (each a case, or a tuple led by one) with ``persistent`` False, and True
+    where the case's tiles leave room for persistent programs (elsewhere `Tuning.fit`
+    falls back to one program per tile, which the False one runs)."""
+    return [
+        (*param, persistent)
+        for param in (p if isinstance(p, tuple) else (p,) for p in params)
+        for persistent in (False, True)
+        if not persistent or _forward_tuning(param[0], v3.Tuning(persistent=True)).persistent
+    ]
+
+
+# Forward calls for persistent programs: BACKWARD_CASES' awkward masks up to head dim 128
+# (past it the persistent output's tile leaves no room for a ring of the default 128-key
+# tiles, and `Tuning.fit` falls back to one program per tile), enough tiles that each of
+# an H100's programs runs two (2 x 8 heads x 16 query tiles), ragged lengths alone (whose
+# programs take the tiles heaviest first, `_ring.tile_order`), and more than 2048 keys
+# with no left bound, causal (bottom-right) or not (whose programs take the query tiles
+# fastest, `v3._queries_first`).
 PERSISTENT_CASES = [
-    *BACKWARD_CASES,
+    *(case for case in BACKWARD_CASES if max(case.head_dim, case.dim_v) <= 128),
     Case("causal_256_tiles", batch=(2,), q_len=2048, num_heads=8, head_dim=128, dtype="bfloat16", causal=True),
     Case(
         "lengths_gqa_causal",
@@ -1004,6 +1037,7 @@ def test_persistent_programs_are_exact_on_the_gpu(case, programs, monkeypatch, r
     programs are dealt causal_256_tiles' tiles (dealing costs nothing here: `v3._DEALING`),
     and 20 causal_queries_first's, heaviest first within stretches of two heads' tiles
     (`_ring.Schedule.dealt`), which is not place order."""
+    assert _forward_tuning(case, v3.Tuning(persistent=True)).persistent
     if programs is not None:
         monkeypatch.setattr(_ring, "multiprocessors", lambda: programs)
         monkeypatch.setattr(v3, "_DEALING", 0)
@@ -1040,12 +1074,11 @@ def test_packed_documents_are_exact_on_the_gpu(case, persistent):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("persistent", [False, True])
-@pytest.mark.parametrize("case", DENSE_CASES, ids=lambda case: case.name)
+@pytest.mark.parametrize("case, persistent", _persistence(DENSE_CASES), ids=lambda p: getattr(p, "name", str(p)))
 def test_dense_masks_are_exact_on_the_gpu(case, persistent):
     """The forward and the backward kernels reading dense masks tile by tile
-    (`_ring.dense_stream`), with one program per query tile and persistent programs,
-    against the float64 reference: outputs and the three gradients."""
+    (`_ring.dense_stream`), with one program per query tile and persistent programs
+    (where they fit), against the float64 reference: outputs and the three gradients."""
     assert_exact(case, v3.Tuning(persistent=persistent))
 
 
@@ -1112,11 +1145,12 @@ BIAS_CASES = [
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("persistent", [False, True])
-@pytest.mark.parametrize("case, mosaic_backward", BIAS_CASES, ids=lambda p: getattr(p, "name", str(p)))
+@pytest.mark.parametrize(
+    "case, mosaic_backward, persistent", _persistence(BIAS_CASES), ids=lambda p: getattr(p, "name", str(p))
+)
 def test_a_bias_is_exact_on_the_gpu(case, mosaic_backward, persistent, monkeypatch, request):
     """The forward reading the bias tile by tile (`_ring.bias_stream`), with one program
-    per query tile and persistent programs, and the Mosaic backward (reading it in both
+    per query tile and persistent programs (where they fit), and the Mosaic backward (reading it in both
     kernels, the dQ kernel writing its gradient and zeros where the mask hides a tile)
     or the Triton one, each where the call goes, against the float64 reference: outputs
     and the four gradients."""
