@@ -74,12 +74,17 @@ def _call(q_shape, kv_len, kv_heads, head_dim_v, causal, window, soft_cap, dtype
     return Inputs(q, k, v, *ids, mask=mask, lengths=lengths_array, bias=bias, sinks=sinks), config
 
 
-@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize(
+    "tuning",
+    [v3.Tuning(), v3.Tuning(persistent=True), v3.Tuning(block_k=64, persistent=True, output_slots=True)],
+    ids=["tiles", "persistent", "slots"],
+)
 @pytest.mark.parametrize("name", CALLS)
-def test_the_forward_kernel_lowers_for_cuda(name, persistent):
+def test_the_forward_kernel_lowers_for_cuda(name, tuning):
     """Traced and lowered to Mosaic GPU's LLVM module (with its ``wgmma``), with the output
-    and lse of the call's shapes, with one program per query tile or persistent programs."""
-    inputs, config = _call(*CALLS[name], tuning=v3.Tuning(persistent=persistent))
+    and lse of the call's shapes, with one program per query tile or persistent programs,
+    their output through a tile of its own or slots."""
+    inputs, config = _call(*CALLS[name], tuning=tuning)
     lowered = jax.jit(lambda q, k, v: v3.forward_pass(Inputs(q, k, v), config)).trace(*inputs[:3])
     text = lowered.lower(lowering_platforms=("cuda",)).as_text()
     assert "mosaic_gpu" in text and "wgmma.mma_async" in text
@@ -139,6 +144,8 @@ def test_the_forward_kernel_lowers_with_runtime_masks(name, runtime, persistent)
         ("full_d64", "dense+segments", v3.Tuning(block_k=128, persistent=True)),
         ("window_gqa_ragged_d80_v48", "bias32+dense", v3.Tuning(block_k=64)),
         ("d256_causal", "bias", v3.Tuning(block_k=64)),
+        ("d256_causal", "", v3.Tuning(block_k=64, persistent=True, output_slots=True)),  # 936 bytes to spare
+        ("window_mqa_d200_v136", "", v3.Tuning(block_k=64, persistent=True, output_slots=True)),
     ],
 )
 def test_the_forward_s_shared_memory_is_what_mosaic_counts(name, runtime, tuning, monkeypatch):
@@ -407,10 +414,20 @@ def test_tiles_are_multiples_of_wgmma_s_rows():
     # before their tiles shrink.
     with pytest.raises(ValueError, match=r"persistent=1 must be a bool"):
         v3.Tuning(persistent=1)
+    with pytest.raises(ValueError, match=r"output_slots=None must be a bool"):
+        v3.Tuning(output_slots=None)
     output = 2 * 64 * 128 * 2
     assert v3.Tuning(persistent=True).shared_memory(128, 128, 2) == v3.Tuning().shared_memory(128, 128, 2) + output
     assert v3.Tuning(64, 128, 3, persistent=True).fit(128, 128, 2) == v3.Tuning(64, 128, 2, persistent=True)
-    assert v3.Tuning(64, 64, 2, persistent=True).fit(256, 256, 2) == v3.Tuning(64, 64, 2)
+    # Where the output's own tile leaves no room, it goes through two slots of 64 columns a
+    # consumer (a quarter of the tile at head dim 256), and persistence goes only after.
+    slots = v3.Tuning(64, 64, 2, persistent=True, output_slots=True)
+    assert slots.output_tile(256) == (2, 64, 64) and slots.output_tile(64) == (1, 64, 64)
+    assert v3.Tuning(64, 64, 2, persistent=True).output_tile(256) == (64, 256)
+    assert slots.shared_memory(256, 256, 2) == v3.Tuning(64, 64).shared_memory(256, 256, 2) + output
+    assert v3.Tuning(64, 64, 3, persistent=True).fit(256, 256, 2) == slots
+    assert slots.fit(256, 256, 2, v3.Beside(1)) == v3.Tuning(64, 64, 2)
+    assert v3.Tuning(64, 128, 2, persistent=True).fit(256, 256, 2) == v3.Tuning(64, 64, 2)
     # A dense mask's ring of int8 tiles, 128 rows by the key tile, takes its room too, and
     # its ready and free barriers of two stages.
     dense_ring = 2 * 128 * 128 + 2 * 2 * 8
@@ -775,7 +792,7 @@ def test_persistent_programs_by_default_where_query_tiles_visit_few_keys_or_have
         ((4096, 4096), dict(causal=True, has_lengths=True), 128, False, False),
         ((16384, 16384), dict(window=(1000, 1000)), 128, False, False),
         ((16384, 16384), dict(causal=True, window=(4095, 0)), 128, False, False),
-        ((16384, 16384), dict(window=(256, 256)), 256, False, False),  # no room for the output's tile
+        ((16384, 16384), dict(window=(256, 256)), 256, True, False),  # the output through slots
         ((1024, 1024), dict(has_segments=True), 128, False, False),
         ((1024, 1024), dict(has_lengths=True), 128, True, False),
         ((1024, 1024), dict(has_dense_mask=True), 128, False, False),
@@ -787,6 +804,34 @@ def test_persistent_programs_by_default_where_query_tiles_visit_few_keys_or_have
         assert tuning.shared_memory(head_dim, head_dim, 2, v3.Beside.of(spec)) <= _ring.BLOCK_SHARED_MEMORY
     short = MaskSpec.create(1024, 1024)
     assert not v3._tuning(v3.Tuning(), None, None, 128, 128, 2, short).persistent
+
+
+def test_head_dim_256_is_persistent_through_output_slots_where_measured_faster():
+    """At head dim 256 persistent programs send their output through slots
+    (`v3.Tuning.output_slots`); in rounds of whole heads' query tiles
+    (`v3._queries_first`) only where query heads share K and V (``group`` > 1), as
+    measured; short calls, windows and lengths with any group."""
+    slots = v3.Tuning(64, 64, 2, persistent=True, output_slots=True)
+    for (q_len, kv_len), options, group, want_slots in (
+        ((4096, 4096), dict(causal=True), 16, True),
+        ((8192, 8192), dict(causal=True), 4, True),
+        ((4096, 4096), dict(), 4, True),
+        ((8192, 8192), dict(causal=True), 1, False),
+        ((4096, 4096), dict(), 1, False),
+        ((1024, 1024), dict(causal=True), 1, True),
+        ((16384, 16384), dict(window=(256, 256)), 1, True),
+        ((2048, 2048), dict(has_lengths=True), 1, True),
+        ((4096, 4096), dict(has_lengths=True), 16, False),
+        ((1024, 1024), dict(has_segments=True), 16, False),
+    ):
+        spec = MaskSpec.create(q_len, kv_len, **options)
+        tuning = v3._tuning(None, None, None, 256, 256, 2, spec, group=group)
+        assert tuning == (slots if want_slots else v3.Tuning(64, 64, 2)), (q_len, kv_len, options, group, tuning)
+    # A call's group and padded head dims decide: MQA at head dim 200 runs at 256.
+    inputs, config = _call((1, 4096, 16, 200), 4096, 1, 200, True, None, None, jnp.bfloat16)
+    assert v3._plan(inputs, config)[:3] == (256, 256, slots)
+    inputs, config = _call((1, 4096, 16, 200), 4096, 16, 200, True, None, None, jnp.bfloat16)
+    assert v3._plan(inputs, config)[:3] == (256, 256, v3.Tuning(64, 64, 2))
 
 
 def test_every_swept_backward_candidate_fits():
@@ -970,22 +1015,15 @@ def test_192_key_tiles_are_exact_on_the_gpu(case):
 
 
 def _forward_tuning(case: Case, tuning: v3.Tuning | None = None) -> v3.Tuning:
-    """The tuning mosaic_v3's forward runs ``case`` with: ``tuning`` fitted to its padded
-    head dims and mask (`v3._tuning`), or the default."""
-    spec = MaskSpec.create(
-        case.q_len,
-        case.kv,
-        causal=case.causal,
-        window=case.window,
-        has_segments=bool(case.segments),
-        has_lengths=bool(case.lengths),
-        has_dense_mask=bool(case.mask),
-    )
-    itemsize = jnp.dtype(case.dtype).itemsize
-    bias_itemsize = 0 if case.bias is None else 4 if case.bias == "full32" else itemsize
-    beside = v3.Beside.of(spec, bias_itemsize)
-    head_dim, head_dim_v = v3._head_dims(case.head_dim, case.dim_v, itemsize, beside)
-    return v3._tuning(tuning, None, None, head_dim, head_dim_v, itemsize, spec, bias_itemsize)
+    """The tuning mosaic_v3's forward runs ``case`` with (`v3._plan` of its abstract
+    inputs): ``tuning`` fitted to its padded head dims, mask and bias, or the default."""
+    bias = ("bias32" if case.bias == "full32" else "bias", case.bias)
+    parts = (("segments", case.segments), ("lengths", case.lengths), ("dense", case.mask), bias)
+    runtime = "+".join(part for part, has in parts if has)
+    q_shape = (math.prod(case.batch), case.q_len, case.num_heads, case.head_dim)
+    call = (q_shape, case.kv, case.kv_heads, case.dim_v, case.causal, case.window, case.logits_soft_cap)
+    inputs, config = _call(*call, jnp.dtype(case.dtype), runtime, tuning=tuning)
+    return v3._plan(inputs, config)[2]
 
 
 def _persistence(params):
@@ -1000,15 +1038,15 @@ def _persistence(params):
     ]
 
 
-# Forward calls for persistent programs: BACKWARD_CASES' awkward masks up to head dim 128
-# (past it the persistent output's tile leaves no room for a ring of the default 128-key
-# tiles, and `Tuning.fit` falls back to one program per tile), enough tiles that each of
-# an H100's programs runs two (2 x 8 heads x 16 query tiles), ragged lengths alone (whose
-# programs take the tiles heaviest first, `_ring.tile_order`), and more than 2048 keys
-# with no left bound, causal (bottom-right) or not (whose programs take the query tiles
-# fastest, `v3._queries_first`).
+# Forward calls for persistent programs: BACKWARD_CASES' awkward masks where the tiles
+# leave room for them (past head dim 128 `Tuning.fit` gives up persistence before the
+# default 128-key tiles, `_persistence`), enough tiles that each of an H100's programs runs
+# two (2 x 8 heads x 16 query tiles), ragged lengths alone (whose programs take the tiles
+# heaviest first, `_ring.tile_order`), and more than 2048 keys with no left bound, causal
+# (bottom-right) or not (whose programs take the query tiles fastest,
+# `v3._queries_first`).
 PERSISTENT_CASES = [
-    *(case for case in BACKWARD_CASES if max(case.head_dim, case.dim_v) <= 128),
+    *(case for case, persistent in _persistence(BACKWARD_CASES) if persistent),
     Case("causal_256_tiles", batch=(2,), q_len=2048, num_heads=8, head_dim=128, dtype="bfloat16", causal=True),
     Case(
         "lengths_gqa_causal",
@@ -1044,6 +1082,53 @@ def test_persistent_programs_are_exact_on_the_gpu(case, programs, monkeypatch, r
     jax.clear_caches()
     request.addfinalizer(jax.clear_caches)
     assert_exact(case, v3.Tuning(persistent=True))
+
+
+# Calls whose default at head dim 256 is persistent programs with their output through
+# slots (`v3.Tuning.output_slots`): MQA, causal (bottom-right) over more keys than
+# queries and GQA with head dim 200 (padded to 256), both in rounds of whole heads
+# (`v3._queries_first`); a two-sided window; ragged lengths (the tiles heaviest first).
+SLOT_CASES = [
+    Case(
+        "slots_mqa_causal",
+        q_len=1100,
+        kv_len=2500,
+        num_heads=8,
+        num_kv_heads=1,
+        head_dim=256,
+        dtype="bfloat16",
+        causal=True,
+    ),
+    Case(
+        "slots_gqa_d200", batch=(2,), q_len=700, kv_len=2300, num_heads=8, num_kv_heads=2, head_dim=200, dtype="float16"
+    ),
+    Case("slots_window", q_len=1500, num_heads=4, head_dim=256, dtype="bfloat16", window=(300, 200)),
+    Case(
+        "slots_lengths",
+        batch=(3,),
+        q_len=900,
+        num_heads=4,
+        head_dim=256,
+        dtype="bfloat16",
+        causal=True,
+        lengths="ragged",
+    ),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("programs", [3, None])
+@pytest.mark.parametrize("case", SLOT_CASES, ids=lambda case: case.name)
+def test_output_slots_are_exact_on_the_gpu(case, programs, monkeypatch, request):
+    """The default at head dim 256, persistent programs whose output leaves through slots,
+    against the float64 reference (outputs and gradients): as many programs as
+    multiprocessors, and 3, each running many tiles (the slots reused tile after tile)."""
+    assert _forward_tuning(case) == v3.Tuning(64, 64, 2, persistent=True, output_slots=True)
+    if programs is not None:
+        monkeypatch.setattr(_ring, "multiprocessors", lambda: programs)
+    jax.clear_caches()
+    request.addfinalizer(jax.clear_caches)
+    assert_exact(case)
 
 
 # Packed documents long enough that masked steps (the causal diagonal, a window's edge)

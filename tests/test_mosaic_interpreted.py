@@ -156,6 +156,34 @@ def test_persistent_programs_are_exact(case, programs, schedule, monkeypatch):
     assert {(s.queries_first, s.plan is not None) for s, _ in taken} == {(schedule["queries_first"], schedule["dealt"])}
 
 
+# Persistent programs whose output leaves through slots (`v3.Tuning.output_slots`), 3 of
+# them over 6 tiles: MQA at head dim 256, 4 slot copies a tile (the slots in turn, tile
+# after tile), and a window at head dims 200 and 136 (padded to 256 and 192: 3 copies a
+# tile, whose first waits for every copy before it).
+SLOT_CASES = [
+    _case("slots_mqa_causal_d256", q_len=300, num_heads=2, num_kv_heads=1, head_dim=256, dtype="bfloat16", causal=True),
+    _case(
+        "slots_window_d200_v136",
+        q_len=300,
+        kv_len=330,
+        num_heads=2,
+        head_dim=200,
+        head_dim_v=136,
+        dtype="float16",
+        window=(40, 10),
+    ),
+]
+
+
+@pytest.mark.parametrize("case", SLOT_CASES, ids=lambda case: case.name)
+def test_output_slots_are_exact(case, monkeypatch):
+    tuning = v3.Tuning(block_k=64, persistent=True, output_slots=True)
+    assert tuning.fit(256, _ring.padded(case.dim_v, 64), 2) == tuning
+    monkeypatch.setattr(_ring, "multiprocessors", lambda: 3)
+    with interpreted(monkeypatch):
+        assert_exact(case, tuning)
+
+
 def test_a_swept_backward_tiling_is_exact(monkeypatch):
     """A tiling the sweep may pick (`bench.tune`) beside the defaults the cases take: three
     stages, and dQ's ring tiles of 128 keys apart from dK/dV's 64. (A tiling that does not

@@ -53,6 +53,12 @@ from jaxtile.mosaic._ring import BLOCK_SHARED_MEMORY, CONSUMERS, WGMMA_ROWS, alo
 from jaxtile.mosaic.backward import BackwardTuning, backward_pass, backward_temporaries, default_backward_tuning
 from jaxtile.triton import v2 as triton_v2
 
+# The output through slots (`Tuning.output_slots`): two per consumer, of 64 columns (128
+# bytes of 16-bit elements, one swizzle's width), as tokamax 0.0.17's epilogue has them:
+# at head dim 256 a quarter of the output's whole tile, which leaves a persistent
+# program room for a two-stage ring of 64-key tiles (936 bytes to spare).
+OUTPUT_SLOTS, OUTPUT_COLUMNS = 2, 64
+
 
 @dataclasses.dataclass(frozen=True)
 class Tuning:
@@ -64,6 +70,10 @@ class Tuning:
     persistent: one program per multiprocessor, each running query tiles in turn
       (`_ring.Schedule`), rather than one program per query tile; its output takes a
       tile of shared memory of its own.
+    output_slots: the output leaves through `OUTPUT_SLOTS` tiles of `OUTPUT_COLUMNS`
+      columns per consumer, each reused once its copy out has been read, rather than
+      through one tile of the whole head dim (`output_tile`): room for persistent
+      programs where that tile leaves none (head dim 256).
     backward: the backward kernels' (`jaxtile.mosaic.backward`); None for
       `default_backward_tuning` of the call's head dims.
     """
@@ -72,6 +82,7 @@ class Tuning:
     block_k: int = 128
     num_stages: int = 2
     persistent: bool = False
+    output_slots: bool = False
     backward: BackwardTuning | None = None
 
     def __post_init__(self):
@@ -81,8 +92,9 @@ class Tuning:
                 raise ValueError(f"{name}={block!r} must be a positive multiple of {WGMMA_ROWS}")
         if not isinstance(self.num_stages, int) or self.num_stages < 2:
             raise ValueError(f"num_stages={self.num_stages!r} must be an int >= 2")
-        if not isinstance(self.persistent, bool):
-            raise ValueError(f"persistent={self.persistent!r} must be a bool")
+        for name in ("persistent", "output_slots"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r} must be a bool")
 
     def backward_for(self, head_dim: int, head_dim_v: int, masks_elements: bool = False) -> BackwardTuning:
         """`backward`, or `default_backward_tuning` of these (padded) head dims and mask
@@ -101,7 +113,8 @@ class Tuning:
             stages * block_k * head_dim * itemsize,
             stages * block_k * head_dim_v * itemsize,
         ]
-        tiles += [rows * head_dim_v * itemsize] if self.own_output(head_dim, head_dim_v) else []
+        if self.own_output(head_dim, head_dim_v):
+            tiles.append(CONSUMERS * math.prod(self.output_tile(head_dim_v)) * itemsize)
         tiles += [
             stages * rows * block_k * beside.score_bytes,
             stages * block_k * beside.key_bytes,
@@ -112,19 +125,30 @@ class Tuning:
         return _ring.mosaic_bytes([t for t in tiles if t], CONSUMERS * own + 2 * stages * streams + 1)
 
     def own_output(self, head_dim: int, head_dim_v: int) -> bool:
-        """Whether the output has a tile of its own rather than the queries'."""
-        return self.persistent or head_dim_v != head_dim
+        """Whether the output has a tile (or slots) of its own rather than the queries'."""
+        return self.persistent or self.output_slots or head_dim_v != head_dim
+
+    def output_tile(self, head_dim_v: int) -> tuple[int, ...]:
+        """A consumer's own output tile: ``[slots, block_q, OUTPUT_COLUMNS]`` with
+        `output_slots` (as many slots as the head dim has columns for, at most
+        `OUTPUT_SLOTS`), else ``[block_q, head_dim_v]``."""
+        if self.output_slots:
+            return min(OUTPUT_SLOTS, head_dim_v // OUTPUT_COLUMNS), self.block_q, OUTPUT_COLUMNS
+        return self.block_q, head_dim_v
 
     def fit(self, head_dim: int, head_dim_v: int, itemsize: int, beside: Beside | None = None) -> Tuning:
         """This tuning, or, where it does not fit in shared memory (`shared_memory`), the
-        nearest that does: fewer stages first (down to 2), then not persistent, then
-        halved key tiles, then query tiles (down to 64)."""
+        nearest that does: fewer stages first (down to 2), then the persistent output
+        through slots, then not persistent (nor slots), then halved key tiles, then query
+        tiles (down to 64)."""
         tuning = self
         while tuning.shared_memory(head_dim, head_dim_v, itemsize, beside) > BLOCK_SHARED_MEMORY:
             if tuning.num_stages > 2:
                 tuning = dataclasses.replace(tuning, num_stages=tuning.num_stages - 1)
-            elif tuning.persistent:
-                tuning = dataclasses.replace(tuning, persistent=False)
+            elif tuning.persistent and not tuning.output_slots:
+                tuning = dataclasses.replace(tuning, output_slots=True)
+            elif tuning.persistent or tuning.output_slots:
+                tuning = dataclasses.replace(tuning, persistent=False, output_slots=False)
             elif tuning.block_k > WGMMA_ROWS:
                 tuning = dataclasses.replace(tuning, block_k=padded(tuning.block_k // 2, WGMMA_ROWS))
             elif tuning.block_q > WGMMA_ROWS:
@@ -218,13 +242,20 @@ class Beside(NamedTuple):
 
 
 def default_tuning(
-    head_dim: int, head_dim_v: int, itemsize: int, spec: MaskSpec | None = None, bias_itemsize: int = 0
+    head_dim: int,
+    head_dim_v: int,
+    itemsize: int,
+    spec: MaskSpec | None = None,
+    bias_itemsize: int = 0,
+    group: int = 1,
 ) -> Tuning:
     """The largest key tile (256, 128 or 64; at most 128 for causal masks over at most
     `_SHORT_CAUSAL` keys, where `MaskSpec.masks_elements` and with a bias of
     ``bias_itemsize`` bytes) whose two-stage ring fits beside the queries (and the
     backward's default, `Tuning.backward_for`); persistent programs where `_persistent`
-    says and they fit."""
+    says and they fit, through output slots where they need them, except in rounds of
+    whole heads (`_queries_first`) whose query heads do not share K and V (``group``
+    query heads per kv head of 1)."""
     short_causal = spec is not None and spec.right == 0 and spec.kv_len <= _SHORT_CAUSAL
     # A consumer holds its part of a masked tile's mask beside its scores: with 256-key
     # tiles that spills (752 bytes at head dim 64, none at 128; H100, Flax's causal mask
@@ -252,8 +283,16 @@ def default_tuning(
             and tuning.shared_memory(head_dim, head_dim_v, itemsize, beside) <= BLOCK_SHARED_MEMORY
         ):
             break
-    persistent = _persistent(spec, CONSUMERS * tuning.block_q)
-    return dataclasses.replace(tuning, persistent=persistent).fit(head_dim, head_dim_v, itemsize, beside)
+    rows = CONSUMERS * tuning.block_q
+    tuning = dataclasses.replace(tuning, persistent=_persistent(spec, rows)).fit(head_dim, head_dim_v, itemsize, beside)
+    # Persistent programs whose output takes slots (head dim 256, H100, forward, against
+    # one program per tile in one process, `bench/results/output_slots/`): MQA 16:1
+    # causal 4K 1.23-1.24x, GQA 16:4 causal 8K 1.09x, causal 1K 1.14-1.16x, the (256, 256)
+    # window at 16K 1.02-1.05x; but in rounds of whole heads of their own K and V, causal
+    # 8K 1.00x, 16K 0.97-0.98x, non-causal 4K 0.99-1.00x, 16K 0.99x.
+    if tuning.output_slots and group == 1 and _queries_first(spec, rows):
+        return dataclasses.replace(tuning, persistent=False, output_slots=False)
+    return tuning
 
 
 @functools.cache
@@ -421,13 +460,17 @@ def _kernel(
             l_i = jnp.where(empty, 1.0, l_i)
             out = acc * along(1.0 / l_i, acc.shape, 0)
             lse = jnp.where(empty, -jnp.inf, (m_i + jnp.log2(l_i)) * sm.LN2)
+            lse_ref.at[b, h, pl.ds(row0, bq)][...] = lse  # from registers: no tile of its own
+            o_rows = o_ref.at[b, pl.ds(row0, bq), h]
+            if tuning.output_slots:
+                _through_slots(out, o_smem.at[wg], o_rows)
+                return done + steps
             if persistent:  # the last tile's output has left shared memory
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)
             o_tile = q_tile if o_smem is None else o_smem.at[wg]  # the queries' tile, when it fits
             o_tile[...] = out.astype(o_ref.dtype)
-            lse_ref.at[b, h, pl.ds(row0, bq)][...] = lse  # from registers: no tile of its own
             plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(o_tile, o_ref.at[b, pl.ds(row0, bq), h])
+            plgpu.copy_smem_to_gmem(o_tile, o_rows)
             return done + steps
 
         if persistent:
@@ -453,6 +496,23 @@ def _kernel(
         schedule.loop(run, schedule_ref)
 
 
+def _through_slots(out, slots, o_rows):
+    """Line 12's ``O_i`` (float32 ``[block_q, head_dim_v]``) to ``o_rows`` in global memory,
+    `OUTPUT_COLUMNS` at a time through ``slots`` ``[slots, block_q, OUTPUT_COLUMNS]``
+    (`Tuning.output_slots`). Slot ``c % slots`` takes columns ``c`` once its last copy
+    out has been read: the copy ``slots`` copies back, in the order this consumer issues
+    them, tile after tile where a tile's columns fill the slots evenly; elsewhere a tile's
+    first waits for every copy."""
+    count, _, columns = slots.shape
+    chunks = out.shape[1] // columns
+    for c in range(chunks):
+        plgpu.wait_smem_to_gmem(count - 1 if c or chunks % count == 0 else 0, wait_read_only=True)
+        slot = slots.at[c % count]
+        slot[...] = out[:, c * columns : (c + 1) * columns].astype(o_rows.dtype)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(slot, o_rows.at[:, c * columns : (c + 1) * columns])
+
+
 def _tuning(
     tuning,
     block_q: int | None,
@@ -462,13 +522,14 @@ def _tuning(
     itemsize: int,
     spec: MaskSpec | None = None,
     bias_itemsize: int = 0,
+    group: int = 1,
 ) -> Tuning:
-    """``tuning`` (the user's, if it is a `Tuning`) or the default (of ``spec``'s mask and
-    the bias, where given), with the call's ``block_q``/``block_k`` rounded up to
-    multiples of 64 (``block_q`` counts the rows of one consumer), made to fit in shared
-    memory (`Tuning.fit`)."""
+    """``tuning`` (the user's, if it is a `Tuning`) or the default (of ``spec``'s mask, the
+    bias and the query heads per kv head, where given), with the call's
+    ``block_q``/``block_k`` rounded up to multiples of 64 (``block_q`` counts the rows of
+    one consumer), made to fit in shared memory (`Tuning.fit`)."""
     if not isinstance(tuning, Tuning):
-        tuning = default_tuning(head_dim, head_dim_v, itemsize, spec, bias_itemsize)
+        tuning = default_tuning(head_dim, head_dim_v, itemsize, spec, bias_itemsize, group)
     blocks = {name: padded(b, WGMMA_ROWS) for name, b in (("block_q", block_q), ("block_k", block_k)) if b is not None}
     return dataclasses.replace(tuning, **blocks).fit(head_dim, head_dim_v, itemsize, Beside.of(spec, bias_itemsize))
 
@@ -510,7 +571,15 @@ def _plan(inputs: Inputs, config: Config) -> tuple[int, int, Tuning, Beside]:
     beside = Beside.of(config.mask, bias_itemsize)
     head_dim, head_dim_v = _head_dims(dims.head_dim, dims.head_dim_v, dims.itemsize, beside)
     tuning = _tuning(
-        config.tuning, config.block_q, config.block_k, head_dim, head_dim_v, dims.itemsize, config.mask, bias_itemsize
+        config.tuning,
+        config.block_q,
+        config.block_k,
+        head_dim,
+        head_dim_v,
+        dims.itemsize,
+        config.mask,
+        bias_itemsize,
+        dims.group,
     )
     return head_dim, head_dim_v, tuning, beside
 
@@ -564,7 +633,9 @@ def forward_pass(inputs: Inputs, config: Config):
             (
                 own,
                 ring,
-                smem(dtype, CONSUMERS, bq, head_dim_v) if tuning.own_output(head_dim, head_dim_v) else None,
+                smem(dtype, CONSUMERS, *tuning.output_tile(head_dim_v))
+                if tuning.own_output(head_dim, head_dim_v)
+                else None,
             ),
             (_ring.own_barriers(own), *_ring.ring_barriers(ring)),
             plgpu.Barrier(num_arrivals=CONSUMERS),
