@@ -74,17 +74,28 @@ def _call(q_shape, kv_len, kv_heads, head_dim_v, causal, window, soft_cap, dtype
     return Inputs(q, k, v, *ids, mask=mask, lengths=lengths_array, bias=bias, sinks=sinks), config
 
 
-@pytest.mark.parametrize(
-    "tuning",
-    [v3.Tuning(), v3.Tuning(persistent=True), v3.Tuning(block_k=64, persistent=True, output_slots=True)],
-    ids=["tiles", "persistent", "slots"],
-)
-@pytest.mark.parametrize("name", CALLS)
-def test_the_forward_kernel_lowers_for_cuda(name, tuning):
+def _as_asked(name: str, runtime: str, tunings: dict[str, v3.Tuning]) -> list:
+    """``(name, runtime, tuning)`` params of ``CALLS[name]`` with each of ``tunings`` that
+    `Tuning.fit` leaves its schedule and output (persistence, slots): elsewhere it falls
+    back to one program per tile, and the param would lower the first again."""
+    params = []
+    for label, tuning in tunings.items():
+        planned = v3._plan(*_call(*CALLS[name], runtime=runtime, tuning=tuning))[2]
+        if (planned.persistent, planned.output_slots) == (tuning.persistent, tuning.output_slots):
+            params.append(pytest.param(name, runtime, tuning, id="-".join(filter(None, (name, runtime, label)))))
+    return params
+
+
+SCHEDULES = {"tiles": v3.Tuning(), "persistent": v3.Tuning(persistent=True)}
+OUTPUTS = SCHEDULES | {"slots": v3.Tuning(block_k=64, persistent=True, output_slots=True)}
+
+
+@pytest.mark.parametrize("name, runtime, tuning", [p for name in CALLS for p in _as_asked(name, "", OUTPUTS)])
+def test_the_forward_kernel_lowers_for_cuda(name, runtime, tuning):
     """Traced and lowered to Mosaic GPU's LLVM module (with its ``wgmma``), with the output
     and lse of the call's shapes, with one program per query tile or persistent programs,
     their output through a tile of its own or slots."""
-    inputs, config = _call(*CALLS[name], tuning=tuning)
+    inputs, config = _call(*CALLS[name], runtime=runtime, tuning=tuning)
     lowered = jax.jit(lambda q, k, v: v3.forward_pass(Inputs(q, k, v), config)).trace(*inputs[:3])
     text = lowered.lower(lowering_platforms=("cuda",)).as_text()
     assert "mosaic_gpu" in text and "wgmma.mma_async" in text
@@ -107,19 +118,25 @@ def test_the_forward_kernel_lowers_under_every_jax_setting(setting, persistent):
 RUNTIME = ["segments", "lengths", "segments+lengths"]
 
 
-@pytest.mark.parametrize("persistent", [False, True])
 @pytest.mark.parametrize(
-    "runtime",
-    [*RUNTIME, "dense", "dense1+lengths", "dense+segments", "bias", "bias32+dense", "bias+segments", "sinks+lengths"],
+    "name, runtime, tuning",
+    [
+        p
+        for name in ("causal", "window_gqa_ragged_d80_v48", "two_sided_window_soft_cap")
+        for runtime in (
+            *RUNTIME,
+            *("dense", "dense1+lengths", "dense+segments", "bias", "bias32+dense", "bias+segments", "sinks+lengths"),
+        )
+        for p in _as_asked(name, runtime, SCHEDULES)
+    ],
 )
-@pytest.mark.parametrize("name", ["causal", "window_gqa_ragged_d80_v48", "two_sided_window_soft_cap"])
-def test_the_forward_kernel_lowers_with_runtime_masks(name, runtime, persistent):
+def test_the_forward_kernel_lowers_with_runtime_masks(name, runtime, tuning):
     """With segment ids, lengths or a dense mask the kernel also reads the tile bounds
     they give (`MaskSpec.tile_bounds`), and the rows' ids and a ring of the keys' ids, the
     lengths, or a ring of the dense mask's tiles (in 64-key tiles too: the d80 call's);
     with a bias, a ring of its tiles (bf16, or float32 beside a dense mask's); with sinks,
     each tile's head's sink."""
-    inputs, config = _call(*CALLS[name], runtime=runtime, tuning=v3.Tuning(persistent=persistent))
+    inputs, config = _call(*CALLS[name], runtime=runtime, tuning=tuning)
 
     def forward(inputs):
         return v3.forward_pass(inputs, config)
