@@ -16,7 +16,9 @@
 #   bash bench/gpu_session.sh ring OUT             # ring attention on 2 GPUs, then stress and soak
 #
 # Peers that are not in the GPU image (tokamax) are installed from wheels in .whl/ when
-# that folder was carried along (see bench/check.py). Results land in OUT; copy them to
+# that folder was carried along (see bench/check.py). tokamax 0.0.17's wheel is for
+# Python 3.12 (`pip download --no-deps --python-version 3.12 --only-binary=:all:`) and
+# needs what the image lacks beside it: immutabledict at least (2026-12-08). Results land in OUT; copy them to
 # bench/results/<gpu>/ and parity/results/.
 set -uo pipefail
 stage=$1

@@ -287,9 +287,10 @@ def default_tuning(
     tuning = dataclasses.replace(tuning, persistent=_persistent(spec, rows)).fit(head_dim, head_dim_v, itemsize, beside)
     # Persistent programs whose output takes slots (head dim 256, H100, forward, against
     # one program per tile in one process, `bench/results/output_slots/`): MQA 16:1
-    # causal 4K 1.23-1.24x, GQA 16:4 causal 8K 1.09x, causal 1K 1.14-1.16x, the (256, 256)
-    # window at 16K 1.02-1.05x; but in rounds of whole heads of their own K and V, causal
-    # 8K 1.00x, 16K 0.97-0.98x, non-causal 4K 0.99-1.00x, 16K 0.99x.
+    # causal 4K 1.23x, GQA 16:4 causal 8K 1.09x, causal 1K 1.16-1.18x, the (256, 256)
+    # window at 16K 1.01-1.02x, non-causal MQA 16:1 and GQA 16:4 0.97-1.01x; but in
+    # rounds of whole heads of their own K and V, causal 8K 0.98-1.00x (16K 0.97-0.98x,
+    # non-causal 4K and 16K 0.99-1.00x on the first build, NOTES.md).
     if tuning.output_slots and group == 1 and _queries_first(spec, rows):
         return dataclasses.replace(tuning, persistent=False, output_slots=False)
     return tuning
